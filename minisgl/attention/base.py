@@ -1,0 +1,37 @@
+"""What every attention backend receives and must provide."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+
+@dataclass
+class ForwardInput:
+    """One batch as device tensors, built once per step by the engine.
+
+    Request i owns `extend_lens[i]` consecutive tokens of input_ids, at positions
+    kv_lens[i] .. kv_lens[i] + extend_lens[i] - 1; its K/V go to `out_slots`.
+    """
+
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    out_slots: torch.Tensor  # [T] KV slot of each new token
+    rows: torch.Tensor  # [B] page-table rows
+    kv_lens: torch.Tensor  # [B] tokens already cached before this step
+    extend_lens: torch.Tensor  # [B] new tokens this step
+    seq_lens: torch.Tensor  # [B] kv_lens + extend_lens
+    last_index: torch.Tensor  # [B] index in T of each request's last token (its logits are sampled)
+    max_extend: int
+    max_seq_len: int
+
+
+class AttentionBackend(Protocol):
+    def prepare(self, batch: ForwardInput) -> Any:
+        """Build per-batch metadata once; every layer's forward reuses it."""
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: Any) -> torch.Tensor:
+        """Store k/v of the new tokens in the pool, attend causally over the request's whole context.
+        q: [T, heads, D], k/v: [T, kv_heads, D] -> [T, heads * D]."""

@@ -1,0 +1,142 @@
+"""Plain data shared by every layer: sampling parameters, requests and batches."""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling controls (the OpenAI / vLLM meanings).
+
+    temperature 0 means greedy. `seed` makes sampling reproducible whatever else shares the batch.
+    `logprobs` = N returns the chosen token's log-probability plus the top N alternatives
+    (None: no logprobs at all).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    max_tokens: int = 16
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
+
+        def finite(name: str) -> bool:
+            value = getattr(self, name)
+            return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+        def whole(name: str) -> bool:
+            value = getattr(self, name)
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        check(finite("temperature") and self.temperature >= 0, "temperature", "a number >= 0")
+        check(finite("top_p") and 0 < self.top_p <= 1, "top_p", "in (0, 1]")
+        check(whole("top_k") and (self.top_k == -1 or self.top_k >= 1), "top_k", "-1 (off) or >= 1")
+        check(finite("min_p") and 0 <= self.min_p <= 1, "min_p", "in [0, 1]")
+        check(whole("max_tokens") and self.max_tokens >= 1, "max_tokens", "an integer >= 1")
+        check(whole("min_tokens") and 0 <= self.min_tokens <= self.max_tokens, "min_tokens",
+              "an integer in [0, max_tokens]")
+        check(isinstance(self.ignore_eos, bool), "ignore_eos", "a bool")
+        check(isinstance(self.stop_token_ids, (list, tuple))
+              and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids),
+              "stop_token_ids", "a list of non-negative integers")
+        check(self.seed is None or whole("seed"), "seed", "an integer or None")
+        check(finite("presence_penalty") and -2 <= self.presence_penalty <= 2, "presence_penalty", "in [-2, 2]")
+        check(finite("frequency_penalty") and -2 <= self.frequency_penalty <= 2, "frequency_penalty", "in [-2, 2]")
+        check(finite("repetition_penalty") and self.repetition_penalty > 0, "repetition_penalty", "a number > 0")
+        check(self.logprobs is None or (whole("logprobs") and 0 <= self.logprobs <= 20), "logprobs",
+              "None or an integer in [0, 20]")
+        self.stop_token_ids = list(self.stop_token_ids)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+
+class ReqStatus(enum.Enum):
+    WAITING = "waiting"  # queued, holds no pages
+    RUNNING = "running"  # holds a table row and pages (prefilling in chunks or decoding)
+    FINISHED = "finished"
+
+
+@dataclass
+class TokenLogprob:
+    """The chosen token's log-probability and the top alternatives, as (token_id, logprob) pairs."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
+class Req:
+    """One generation request as the scheduler sees it.
+
+    `kv_len` counts the leading tokens of `all_ids` whose K/V are in the pool. A forward pass feeds
+    `all_ids[kv_len:kv_len + n]`; when that reaches the end of `all_ids` the last logits are sampled.
+    Prefill, chunked prefill, prefix-cache extend, decode and recompute after retraction are all this
+    one rule.
+    """
+
+    rid: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int  # resolved seed (random when the user gave none), identical on every TP rank
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)
+    status: ReqStatus = ReqStatus.WAITING
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    row: int = -1  # row in the page table while RUNNING
+    pages: list[int] = field(default_factory=list)  # physical pages backing all_ids[:kv_len...]
+    kv_len: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (best over admissions)
+    cache_handle: object = None  # the prefix-cache node locked for this request
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        """all_ids[start:end] without building all_ids (decode reads one token per step)."""
+        p = len(self.prompt_ids)
+        if start >= p:
+            return self.output_ids[start - p: end - p]
+        return self.prompt_ids[start:end] + self.output_ids[: max(0, end - p)]
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+
+@dataclass
+class Batch:
+    """What one forward pass computes: for each request, `extend_lens[i]` new tokens from its kv_len."""
+
+    reqs: list[Req]
+    extend_lens: list[int]
+
+    @property
+    def is_decode(self) -> bool:
+        return all(n == 1 for n in self.extend_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.extend_lens)

@@ -1,0 +1,38 @@
+"""Everything needed to build an engine; picklable, so TP worker processes get the same settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineArgs:
+    model: str
+    device: str = "auto"  # auto | cuda | cpu
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    tp_size: int = 1
+    page_size: int = 1
+    max_prefill_tokens: int = 8192
+    cache_type: str = "radix"  # radix | naive
+    num_pages: int | None = None  # None: size the pool from memory left after the weights
+    max_running_requests: int = 256
+    attention_backend: str = "torch"
+    max_seq_len: int | None = None  # None: the model's max_position_embeddings
+    memory_ratio: float = 0.9  # share of the device's memory the process may fill (GPU)
+    dummy_weights: bool = False
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
+
+        check(self.device in ("auto", "cuda", "cpu") or self.device.startswith("cuda:"), "device",
+              "'auto', 'cuda' or 'cpu'")
+        check(self.tp_size >= 1, "tp_size", ">= 1")
+        check(self.page_size >= 1, "page_size", ">= 1")
+        check(self.max_prefill_tokens >= 1, "max_prefill_tokens", ">= 1")
+        check(self.cache_type in ("radix", "naive"), "cache_type", "'radix' or 'naive'")
+        check(self.num_pages is None or self.num_pages >= 1, "num_pages", "None or >= 1")
+        check(self.max_running_requests >= 1, "max_running_requests", ">= 1")
+        check(self.max_seq_len is None or self.max_seq_len >= 2, "max_seq_len", "None or >= 2")
+        check(0 < self.memory_ratio <= 1, "memory_ratio", "in (0, 1]")

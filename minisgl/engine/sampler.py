@@ -1,0 +1,154 @@
+"""Batched token sampling, with each request's settings and state kept in one row of device tensors.
+
+For every row of a logits batch, in this order:
+1. logprobs and top-N come from log_softmax of the RAW logits, before anything below.
+2. Penalties: the repetition penalty p (CTRL / HF style) applies to every token seen in the prompt or
+   the output (positive logits are divided by p, negative ones multiplied by p); then
+   `frequency_penalty * count_in_output` and `presence_penalty * (count_in_output > 0)` are subtracted.
+3. min_tokens: while the row has generated fewer than min_tokens tokens, its banned ids (EOS ids and
+   stop_token_ids) get -inf.
+4. Greedy rows (temperature 0, or top_k 1) take the argmax of the processed logits.
+5. Other rows: softmax(logits / temperature); top-k keeps the k most likely tokens; top-p, over the
+   distribution renormalised after top-k, keeps the smallest set of most likely tokens whose mass
+   reaches top_p (the most likely token is always kept; a relative slack of 1e-6 absorbs float32
+   rounding, so probabilities 0.5, 0.3, ... with top_p 0.8 keep exactly two); min-p drops tokens whose
+   probability is below min_p * the largest probability. The token is then drawn from what is left by
+   the exponential race, argmax(p / E) with E = -log(u).
+
+The uniform noise u is a counter-based integer hash of (request seed, tokens generated so far, token
+id), so a request draws the same token from the same logits at the same step whatever else is in the
+batch, whichever row it sits in, and after being retracted and re-admitted. `sample` never waits on
+the device: choices about skipping work are made from host-side bookkeeping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minisgl.core import SamplingParams
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A bijective avalanche hash of the low 32 bits of an int64 tensor. Every product stays below
+    2**59, so int64 never overflows and the values stay non-negative on every backend."""
+    x = x & _M32
+    for _ in range(2):
+        x = (((x >> 16) ^ x) * 0x45D9F3B) & _M32
+    return (x >> 16) ^ x
+
+
+@dataclass
+class SampleOutput:
+    token_ids: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor | None  # [B] float32, log_softmax(raw logits) at the chosen token
+    top_ids: torch.Tensor | None  # [B, top_n] int64, most likely tokens of the raw logits, descending
+    top_logprobs: torch.Tensor | None  # [B, top_n] float32
+
+
+class Sampler:
+    """Samples one token per row of a logits batch; `prepare_row` loads a request into a row."""
+
+    def __init__(self, max_rows: int, vocab_size: int, device: torch.device | str):
+        self.max_rows, self.vocab_size, self.device = max_rows, vocab_size, torch.device(device)
+        # Columns: temperature, top_p, min_p, presence, frequency, repetition penalty.
+        self.floats = torch.zeros(max_rows, 6, device=self.device)
+        # Columns: top_k (vocab_size when off), min_tokens, seed low 32 bits, seed high 32 bits.
+        self.ints = torch.zeros(max_rows, 4, dtype=torch.int64, device=self.device)
+        self.generated = torch.zeros(max_rows, dtype=torch.int64, device=self.device)
+        self.token_keys = _mix(torch.arange(vocab_size, device=self.device) + 0x9E3779B9)
+        # [max_rows, V], allocated the first time a request needs them: most batches use neither.
+        self.counts: torch.Tensor | None = None  # output token counts (float32)
+        self.in_prompt: torch.Tensor | None = None  # prompt token presence (bool)
+        self.banned: torch.Tensor | None = None  # ids banned before min_tokens (bool)
+        # Rows that sample randomly / need the sort for top-k or top-p. A finished request's row stays
+        # in until the row is reused, which only costs work, so `sample` can skip work without a sync.
+        self._random: set[int] = set()
+        self._sorting: set[int] = set()
+
+    def _ids(self, ids: list[int]) -> torch.Tensor:
+        return torch.tensor(ids, dtype=torch.int64, device=self.device)
+
+    def prepare_row(self, row: int, params: SamplingParams, seed: int, prompt_ids: list[int],
+                    output_ids: list[int], min_tokens_banned: list[int]) -> None:
+        """Load a request into `row` on (re-)admission; output_ids restores the counter and counts."""
+        p, vocab = params, self.vocab_size
+        top_k = vocab if p.top_k == -1 else min(p.top_k, vocab)
+        min_tokens = p.min_tokens if min_tokens_banned else 0  # 0 keeps a stale ban row inert
+        self.floats[row] = torch.tensor([p.temperature, p.top_p, p.min_p, p.presence_penalty,
+                                         p.frequency_penalty, p.repetition_penalty])
+        self.ints[row] = torch.tensor([top_k, min_tokens, seed & _M32, (seed >> 32) & _M32])
+        self.generated[row] = len(output_ids)
+        (self._random.add if not p.greedy else self._random.discard)(row)
+        (self._sorting.add if not p.greedy and (top_k < vocab or p.top_p < 1) else self._sorting.discard)(row)
+        # Rows without penalties keep whatever counts are left in their row: neutral penalties ignore them.
+        if p.has_penalties:
+            if self.counts is None:
+                self.counts = torch.zeros(self.max_rows, vocab, device=self.device)
+                self.in_prompt = torch.zeros(self.max_rows, vocab, dtype=torch.bool, device=self.device)
+            self.counts[row] = torch.bincount(self._ids(output_ids), minlength=vocab)
+            self.in_prompt[row] = False
+            self.in_prompt[row, self._ids(prompt_ids)] = True
+        if min_tokens > 0:
+            if self.banned is None:
+                self.banned = torch.zeros(self.max_rows, vocab, dtype=torch.bool, device=self.device)
+            self.banned[row] = False
+            self.banned[row, self._ids(min_tokens_banned)] = True
+
+    def process_logits(self, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Steps 2-3 (penalties, min_tokens) on float32 logits; never modifies `logits` in place."""
+        logits = logits.float()
+        if self.counts is not None:
+            presence, frequency, repetition = self.floats[rows, 3:].T.unsqueeze(-1)
+            counts = self.counts[rows]
+            seen = self.in_prompt[rows] | (counts > 0)
+            repeated = torch.where(logits > 0, logits / repetition, logits * repetition)
+            logits = torch.where(seen, repeated, logits)
+            logits = logits - frequency * counts - presence * (counts > 0)
+        if self.banned is not None:
+            active = self.generated[rows] < self.ints[rows, 1]
+            logits = logits.masked_fill(self.banned[rows] & active[:, None], float("-inf"))
+        return logits
+
+    def _exponential(self, rows: torch.Tensor) -> torch.Tensor:
+        """[B, V] Exp(1) noise that depends only on (seed, generated count, token id)."""
+        seed = self.ints[rows]
+        key = _mix(_mix(_mix(seed[:, 3]) ^ seed[:, 2]) ^ self.generated[rows])
+        bits = _mix(key[:, None] ^ self.token_keys)
+        uniform = ((bits >> 9).float() + 0.5) * 2.0**-23  # 23 bits: exact in float32, strictly in (0, 1)
+        return -torch.log(uniform)
+
+    def _top_k_top_p(self, probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+        """Zero the probabilities that top-k and then top-p drop (top_k [B], top_p [B, 1])."""
+        sorted_p, order = probs.sort(-1, descending=True)
+        rank = torch.arange(probs.shape[-1], device=probs.device)
+        sorted_p = sorted_p.masked_fill(rank >= top_k[:, None], 0)
+        before = sorted_p.cumsum(-1) - sorted_p  # mass of the more likely tokens
+        cut = (before >= top_p * sorted_p.sum(-1, keepdim=True) * (1 - 1e-6)) & (top_p < 1)
+        return torch.zeros_like(probs).scatter_(-1, order, sorted_p.masked_fill(cut, 0))
+
+    def sample(self, logits: torch.Tensor, rows: torch.Tensor, top_n: int | None = None) -> SampleOutput:
+        """Sample one token for each row of logits [B, V] (V == vocab_size), then advance the rows."""
+        logits = logits.float()
+        logprobs = torch.log_softmax(logits, -1) if top_n is not None else None
+        processed = self.process_logits(logits, rows)
+        tokens = processed.argmax(-1)
+        if self._random:
+            temperature, top_p, min_p = self.floats[rows, :3].T.unsqueeze(-1)
+            top_k = self.ints[rows, 0]
+            greedy = (temperature == 0) | (top_k == 1)[:, None]
+            probs = torch.softmax(processed / torch.where(greedy, 1.0, temperature), -1)
+            if self._sorting:
+                probs = self._top_k_top_p(probs, top_k, top_p)
+            probs = probs.masked_fill(probs < min_p * probs.amax(-1, keepdim=True), 0)
+            tokens = torch.where(greedy[:, 0], tokens, (probs / self._exponential(rows)).argmax(-1))
+        self.generated[rows] += 1
+        if self.counts is not None:  # every row: a row without penalties ignores its counts
+            self.counts[rows, tokens] += 1
+        if logprobs is None:
+            return SampleOutput(tokens, None, None, None)
+        top = logprobs.topk(top_n, -1)
+        return SampleOutput(tokens, logprobs.gather(-1, tokens[:, None])[:, 0], top.indices, top.values)

@@ -1,0 +1,75 @@
+"""Request-level KV bookkeeping: page-table rows, page allocation, prefix sharing and release.
+
+Invariant: every page is in exactly one place: the free list, a running request that owns it
+alone, or the prefix cache (locked by running requests that share it, or evictable). So
+free + evictable == total once no request is running.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minisgl.core import Req
+from minisgl.kvcache.pool import PageAllocator
+from minisgl.kvcache.prefix_cache import PrefixCache
+
+
+class KVCacheManager:
+    def __init__(self, num_pages: int, page_size: int, cache: PrefixCache, page_table: torch.Tensor):
+        self.page_size = page_size
+        self.allocator = PageAllocator(num_pages)
+        self.cache = cache
+        self.page_table = page_table  # [max_rows, max_pages_per_seq] int32, on the model's device
+        self.free_rows = list(range(page_table.shape[0] - 1, -1, -1))
+
+    @property
+    def available_pages(self) -> int:
+        """Pages a new allocation can get: free ones plus what eviction could reclaim."""
+        return self.allocator.num_free + self.cache.evictable_pages
+
+    def pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
+
+    def admit(self, req: Req) -> None:
+        """Give `req` a table row and the longest cached prefix of its tokens (locked while it runs).
+
+        At least one token is always left to compute, since its logits are what we sample from."""
+        handle, pages = self.cache.match(req.all_ids[: req.seq_len - 1])
+        self.cache.lock(handle)
+        req.row = self.free_rows.pop()
+        req.cache_handle, req.pages = handle, list(pages)
+        req.kv_len = len(pages) * self.page_size
+        if not req.output_ids:  # a retracted request re-finding its own pages is not a cache hit
+            req.cached_tokens = min(req.kv_len, len(req.prompt_ids))
+        self._write_table(req, 0)
+
+    def reserve(self, req: Req, num_tokens: int) -> bool:
+        """Make sure pages back req's next `num_tokens` tokens, evicting cached pages if need be.
+        All or nothing: on False nothing changed."""
+        need = self.pages_for(req.kv_len + num_tokens) - len(req.pages)
+        if need <= 0:
+            return True
+        if need > self.available_pages:
+            return False
+        if need > self.allocator.num_free:
+            self.allocator.free(self.cache.evict(need - self.allocator.num_free))
+        start = len(req.pages)
+        req.pages += self.allocator.alloc(need)
+        self._write_table(req, start)
+        return True
+
+    def release(self, req: Req) -> None:
+        """Return everything `req` holds: full pages of computed tokens go to the prefix cache (where
+        a later request, or this one after retraction, can reuse them), the rest to the free list."""
+        full = req.kv_len // self.page_size
+        tokens = req.all_ids[: full * self.page_size]
+        self.allocator.free(self.cache.insert(tokens, req.pages[:full]))
+        self.allocator.free(req.pages[full:])
+        self.cache.unlock(req.cache_handle)
+        self.free_rows.append(req.row)
+        req.row, req.pages, req.kv_len, req.cache_handle = -1, [], 0, None
+
+    def _write_table(self, req: Req, start: int) -> None:
+        if start < len(req.pages):
+            new = torch.tensor(req.pages[start:], dtype=self.page_table.dtype)
+            self.page_table[req.row, start: len(req.pages)] = new.to(self.page_table.device, non_blocking=True)

@@ -1,0 +1,98 @@
+"""Column- and row-parallel linear layers (Megatron style), used even at TP = 1.
+
+Each parameter carries a `weight_loader(param, tensor, shard_id)` that copies this rank's slice of a
+full checkpoint tensor into place; merged layers (QKV, gate/up) take one checkpoint tensor per shard_id.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minisgl.distributed import TPGroup
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x W^T + b where W's output rows are split across ranks; each rank keeps its slice of y.
+
+    `out_sizes` lists the full sizes of the checkpoint tensors merged into this one layer (one entry
+    for a plain layer, [gate, up] for a merged MLP projection).
+    """
+
+    def __init__(self, in_features: int, out_sizes: list[int], bias: bool, tp: TPGroup, name: str = "linear"):
+        super().__init__()
+        self.tp = tp
+        self.local_sizes = [tp.shard(size, f"{name} output size") for size in out_sizes]
+        self.weight = nn.Parameter(torch.empty(sum(self.local_sizes), in_features), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(sum(self.local_sizes)), requires_grad=False) if bias else None
+        for param in (self.weight, self.bias):
+            if param is not None:
+                param.weight_loader, param.num_shards = self.load_shard, len(out_sizes)
+
+    def source_range(self, shard_id: int) -> tuple[int, int]:
+        """(start, length) of this rank's rows inside checkpoint tensor `shard_id`."""
+        length = self.local_sizes[shard_id]
+        return self.tp.rank * length, length
+
+    def load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int = 0) -> None:
+        start, length = self.source_range(shard_id)
+        offset = sum(self.local_sizes[:shard_id])
+        check_shape(param, loaded.narrow(0, start, length), param.data.narrow(0, offset, length))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """The merged q/k/v projection. Query heads are split across ranks; KV heads too when there are at
+    least as many as ranks, otherwise each rank keeps a copy of the one KV head its query heads use."""
+
+    def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool, tp: TPGroup):
+        self.num_heads = tp.shard(num_heads, "num_attention_heads")
+        if num_kv_heads >= tp.size:
+            self.num_kv_heads = tp.shard(num_kv_heads, "num_key_value_heads")
+            self.kv_head_start = tp.rank * self.num_kv_heads
+        else:
+            if tp.size % num_kv_heads:
+                raise ValueError(f"tensor-parallel size {tp.size} is not a multiple of num_key_value_heads "
+                                 f"({num_kv_heads}), so KV heads cannot be replicated evenly")
+            self.num_kv_heads = 1
+            self.kv_head_start = tp.rank * num_kv_heads // tp.size
+        self.head_dim = head_dim
+        q, kv = num_heads * head_dim, self.num_kv_heads * head_dim * tp.size
+        super().__init__(hidden, [q, kv, kv], bias, tp, "qkv_proj")
+
+    def source_range(self, shard_id: int) -> tuple[int, int]:
+        if shard_id == 0:
+            return super().source_range(0)
+        return self.kv_head_start * self.head_dim, self.num_kv_heads * self.head_dim
+
+
+class RowParallelLinear(nn.Module):
+    """y = x W^T + b where W's input columns are split across ranks; partial sums are all-reduced."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, tp: TPGroup, name: str = "linear"):
+        super().__init__()
+        self.tp = tp
+        self.local_in = tp.shard(in_features, f"{name} input size")
+        self.weight = nn.Parameter(torch.empty(out_features, self.local_in), requires_grad=False)
+        self.weight.weight_loader = self.load_weight
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)  # whole, added once
+
+    def load_weight(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        check_shape(param, loaded.narrow(1, self.tp.rank * self.local_in, self.local_in), param.data)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.tp.all_reduce(F.linear(x, self.weight))
+        return y + self.bias if self.bias is not None else y
+
+
+def check_shape(param: nn.Parameter, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Copy src into dst, or fail with both shapes (a mis-shaped checkpoint tensor must be named)."""
+    if src.shape != dst.shape:
+        raise ValueError(f"shape mismatch: checkpoint slice {tuple(src.shape)} vs parameter slice "
+                         f"{tuple(dst.shape)} (parameter {tuple(param.shape)})")
+    dst.copy_(src)

@@ -1,0 +1,137 @@
+"""The offline API: the same scheduler and engine as the server, driven in-process.
+
+    llm = LLM("path/or/hf-id", device="cpu", dtype="float32")
+    outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))
+
+With tp_size > 1 this process is rank 0 and spawns ranks 1..N-1, which follow its decisions.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+from dataclasses import dataclass
+from itertools import count
+from pathlib import Path
+from typing import Sequence
+
+from minisgl.core import Req, SamplingParams, TokenLogprob
+from minisgl.distributed import free_port, init_tp_group
+from minisgl.engine.config import EngineArgs
+from minisgl.engine.engine import Engine, resolve_device
+from minisgl.scheduler import AddReq, Scheduler, Shutdown
+from minisgl.scheduler.follower import run_follower
+
+
+@dataclass
+class RequestOutput:
+    token_ids: list[int]
+    text: str | None  # None when the model directory has no tokenizer
+    finish_reason: str  # "stop" | "length" | "abort"
+    prompt_tokens: int
+    cached_tokens: int
+    logprobs: list[TokenLogprob] | None
+
+
+def load_tokenizer(path: Path):
+    if not any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+class LLM:
+    def __init__(self, model: str, device: str = "auto", dtype: str = "auto", tp_size: int = 1, page_size: int = 1,
+                 max_prefill_tokens: int = 8192, cache_type: str = "radix", num_pages: int | None = None,
+                 max_running_requests: int = 256, attention_backend: str = "torch", max_seq_len: int | None = None,
+                 memory_ratio: float = 0.9, dummy_weights: bool = False):
+        args = EngineArgs(str(model), device, dtype, tp_size, page_size, max_prefill_tokens, cache_type, num_pages,
+                          max_running_requests, attention_backend, max_seq_len, memory_ratio, dummy_weights)
+        port = free_port()
+        spawn = multiprocessing.get_context("spawn")
+        self._followers = [spawn.Process(target=run_follower, args=(rank, tp_size, port, args), daemon=True)
+                           for rank in range(1, tp_size)]
+        for proc in self._followers:
+            proc.start()
+        device_ = resolve_device(device, 0)
+        self._tp = init_tp_group(0, tp_size, device_, port)
+        self.engine = Engine(args, self._tp, device_)
+        self.scheduler = Scheduler(self.engine, self._tp)
+        self.tokenizer = load_tokenizer(self.engine.model_path)
+        self._rids = count()
+        self._seeds = random.Random()  # seeds for requests that give none; drawn here, shared by all ranks
+        self._closed = False
+
+    def generate(self, prompts: str | list[int] | Sequence[str] | Sequence[list[int]],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
+        reqs = [self._make_req(prompt, p) for prompt, p in zip(prompts, params)]
+        pending = {req.rid for req in reqs}
+        messages = [AddReq(req) for req in reqs]
+        while pending:
+            self.scheduler.sync_and_apply(messages)
+            messages = []
+            if self.scheduler.has_work:
+                self.scheduler.step()
+            for req in self.scheduler.finished:
+                pending.discard(req.rid)
+            self.scheduler.finished.clear()
+        return [self._output(req) for req in reqs]
+
+    def _make_req(self, prompt: str | list[int], params: SamplingParams) -> Req:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model directory has no tokenizer: pass token ids instead of text")
+            ids = self.tokenizer(prompt)["input_ids"]
+        else:
+            ids = list(prompt)
+        vocab, limit = self.engine.config.vocab_size, self.engine.max_seq_len
+        if not ids:
+            raise ValueError("prompt is empty")
+        if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        if len(ids) >= limit:
+            raise ValueError(f"prompt has {len(ids)} tokens; the context holds {limit} (max_seq_len), "
+                             f"leaving no room to generate")
+        capacity = self.engine.num_pages * self.engine.page_size
+        if len(ids) >= capacity:
+            raise ValueError(f"prompt has {len(ids)} tokens but the KV pool holds only {capacity}")
+        seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+        return Req(next(self._rids), ids, params, seed)
+
+    def _output(self, req: Req) -> RequestOutput:
+        text = self.tokenizer.decode(req.output_ids, skip_special_tokens=True) if self.tokenizer else None
+        return RequestOutput(list(req.output_ids), text, req.finish_reason, len(req.prompt_ids), req.cached_tokens,
+                             req.output_logprobs if req.params.logprobs is not None else None)
+
+    def stats(self) -> dict:
+        return self.scheduler.stats()
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._followers:
+            self.scheduler.sync_and_apply([Shutdown()])
+            for proc in self._followers:
+                proc.join(timeout=30)
+            self._tp.destroy()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        if hasattr(self, "_closed"):
+            self.shutdown()
+
+
+__all__ = ["LLM", "RequestOutput", "SamplingParams"]

@@ -1,0 +1,218 @@
+"""Sampler tests on fixed logits: greedy, seeded reproducibility, top-k/top-p/min-p, penalties,
+min_tokens, logprobs and re-admission."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from minisgl.core import SamplingParams
+from minisgl.engine.sampler import Sampler
+
+V = 32
+
+
+def fixed_logits(probs: list[float], vocab: int = V) -> torch.Tensor:
+    """[vocab] logits whose softmax puts `probs` on the first ids and (almost) nothing elsewhere."""
+    logits = torch.full((vocab,), -1e4)
+    logits[: len(probs)] = torch.tensor([math.log(p) for p in probs])
+    return logits
+
+
+def make(params: list[SamplingParams], seeds: list[int] | None = None, vocab: int = V,
+         prompt: list[int] | None = None, banned: list[int] | None = None) -> tuple[Sampler, torch.Tensor]:
+    """A sampler with one prepared row per params entry, and the rows tensor covering them all."""
+    sampler = Sampler(len(params), vocab, "cpu")
+    for row, p in enumerate(params):
+        seed = seeds[row] if seeds is not None else row
+        sampler.prepare_row(row, p, seed, prompt or [], [], banned or [])
+    return sampler, torch.arange(len(params))
+
+
+def counts_of(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    return torch.bincount(tokens, minlength=vocab).float()
+
+
+def test_greedy_is_argmax_and_top_k_1_is_greedy() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(4, V)
+    sampler, rows = make([SamplingParams(temperature=0)] * 2 + [SamplingParams(temperature=1.0, top_k=1)] * 2)
+    for _ in range(5):
+        assert torch.equal(sampler.sample(logits, rows).token_ids, logits.argmax(-1))
+    # top_k=1 rows are greedy even when other rows in the batch sample randomly.
+    sampler, rows = make([SamplingParams(temperature=1.0, top_k=1), SamplingParams(temperature=1.5)])
+    for _ in range(5):
+        assert sampler.sample(logits[:2], rows).token_ids[0] == logits[0].argmax()
+
+
+def test_same_seed_same_tokens_whatever_the_batch() -> None:
+    torch.manual_seed(1)
+    steps = [torch.randn(V) for _ in range(20)]
+    params = SamplingParams(temperature=0.9, top_p=0.95)
+    alone, rows = make([params], seeds=[1234])
+    expected = [alone.sample(s[None], rows).token_ids[0] for s in steps]
+
+    others = [SamplingParams(temperature=0.5, top_k=5), SamplingParams(temperature=0),
+              SamplingParams(temperature=1.2, min_p=0.1, presence_penalty=1.0),
+              SamplingParams(temperature=1.0, repetition_penalty=1.3, frequency_penalty=0.5),
+              SamplingParams(temperature=0.7, top_p=0.5, top_k=10)]
+    batch, rows = make(others[:3] + [params] + others[3:], seeds=[7, 8, 9, 1234, 10, 11], prompt=[1, 2, 3])
+    for s, token in zip(steps, expected):
+        out = batch.sample(torch.stack([torch.randn(V), torch.randn(V), torch.randn(V), s,
+                                        torch.randn(V), torch.randn(V)]), rows).token_ids
+        assert out[3] == token
+
+    # A different row index (a bigger sampler, batch holding that row only) gives the same stream too.
+    moved = Sampler(16, V, "cpu")
+    moved.prepare_row(11, params, 1234, [5, 6], [], [])
+    assert [moved.sample(s[None], torch.tensor([11])).token_ids[0] for s in steps] == expected
+
+
+def test_different_seeds_give_different_streams() -> None:
+    flat = torch.zeros(2, 100)
+    sampler, rows = make([SamplingParams(temperature=1.0)] * 2, seeds=[1, 2], vocab=100)
+    streams = torch.stack([sampler.sample(flat, rows).token_ids for _ in range(50)])
+    assert (streams[:, 0] == streams[:, 1]).sum() < 8  # about 0.5 expected by chance
+    assert streams[:, 0].unique().numel() > 25  # and each stream moves around
+
+
+def test_flat_distribution_is_uniform_over_seeds() -> None:
+    n, vocab = 4000, 8
+    sampler, rows = make([SamplingParams(temperature=1.0)] * n, vocab=vocab)
+    freq = counts_of(sampler.sample(torch.zeros(n, vocab), rows).token_ids, vocab) / n
+    assert torch.allclose(freq, torch.full((vocab,), 1 / vocab), atol=0.025)
+
+
+def test_temperature_scales_the_distribution() -> None:
+    n = 4000
+    logits = fixed_logits([0.6, 0.3, 0.1])
+    sampler, rows = make([SamplingParams(temperature=0.5)] * n)
+    freq = counts_of(sampler.sample(logits.expand(n, V), rows).token_ids, V)[:3] / n
+    expected = torch.softmax(logits[:3] / 0.5, -1)
+    assert torch.allclose(freq, expected, atol=0.03)
+
+
+def test_top_k_stays_within_top_k_and_covers_it() -> None:
+    n, k = 2000, 5
+    torch.manual_seed(2)
+    logits = torch.randn(V)
+    sampler, rows = make([SamplingParams(temperature=1.0, top_k=k)] * n)
+    tokens = sampler.sample(logits.expand(n, V), rows).token_ids
+    assert set(tokens.tolist()) == set(logits.topk(k).indices.tolist())
+
+
+@pytest.mark.parametrize("top_p, allowed", [(0.8, 2), (0.81, 3), (1.0, 4)])
+def test_top_p_keeps_the_smallest_set_reaching_top_p(top_p: float, allowed: int) -> None:
+    n = 4000
+    probs = [0.5, 0.3, 0.15, 0.05]
+    sampler, rows = make([SamplingParams(temperature=1.0, top_p=top_p)] * n)
+    tokens = sampler.sample(fixed_logits(probs).expand(n, V), rows).token_ids
+    assert set(tokens.tolist()) == set(range(allowed))
+    expected = torch.tensor(probs[:allowed]) / sum(probs[:allowed])
+    assert torch.allclose(counts_of(tokens, V)[:allowed] / n, expected, atol=0.03)
+
+
+def test_top_p_applies_after_top_k() -> None:
+    n = 2000
+    # After top_k=2 the distribution is 0.625 / 0.375, so top_p=0.6 keeps token 0 only.
+    sampler, rows = make([SamplingParams(temperature=1.0, top_k=2, top_p=0.6)] * n)
+    tokens = sampler.sample(fixed_logits([0.5, 0.3, 0.15, 0.05]).expand(n, V), rows).token_ids
+    assert set(tokens.tolist()) == {0}
+
+
+def test_min_p_drops_tokens_below_the_threshold() -> None:
+    n = 4000
+    probs = [0.5, 0.2, 0.13, 0.1, 0.07]  # threshold 0.25 * 0.5 = 0.125
+    sampler, rows = make([SamplingParams(temperature=1.0, min_p=0.25)] * n)
+    tokens = sampler.sample(fixed_logits(probs).expand(n, V), rows).token_ids
+    assert set(tokens.tolist()) == {0, 1, 2}
+
+
+def test_penalties_match_hand_computed_logits() -> None:
+    logits = torch.tensor([[2.0, -2.0, 1.0, -1.0, 0.5, 3.0]])
+    vocab = logits.shape[1]
+    params = SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    sampler = Sampler(2, vocab, "cpu")
+    # Token 0, 1 in the prompt; token 2 once and token 3 twice in the output; 4 and 5 unseen.
+    sampler.prepare_row(1, params, 0, [0, 1], [2, 3, 3], [])
+    got = sampler.process_logits(logits, torch.tensor([1]))
+    expected = torch.tensor([[2.0 / 2, -2.0 * 2, 1.0 / 2 - 0.5 - 0.25, -1.0 * 2 - 1.0 - 0.25, 0.5, 3.0]])
+    assert torch.allclose(got, expected)
+    assert torch.equal(logits, torch.tensor([[2.0, -2.0, 1.0, -1.0, 0.5, 3.0]]))  # input untouched
+
+    # Each penalty alone.
+    for p, want in [(SamplingParams(repetition_penalty=1.5), [2 / 1.5, -2 * 1.5, 1 / 1.5, -1.5, 0.5, 3.0]),
+                    (SamplingParams(frequency_penalty=-1.0), [2.0, -2.0, 2.0, 1.0, 0.5, 3.0]),
+                    (SamplingParams(presence_penalty=2.0), [2.0, -2.0, -1.0, -3.0, 0.5, 3.0])]:
+        sampler.prepare_row(0, p, 0, [0, 1], [2, 3, 3], [])
+        assert torch.allclose(sampler.process_logits(logits, torch.tensor([0])), torch.tensor([want]))
+
+
+def test_presence_penalty_prevents_greedy_repeats() -> None:
+    logits = torch.zeros(1, V)
+    logits[0, :8] = torch.linspace(5.0, 4.3, 8)  # eight favourites within the penalty of each other
+    sampler, rows = make([SamplingParams(temperature=0, presence_penalty=2.0)])
+    tokens = [int(sampler.sample(logits, rows).token_ids[0]) for _ in range(8)]
+    assert tokens == list(range(8))  # each step takes the best token not yet generated
+    no_penalty, rows = make([SamplingParams(temperature=0)])
+    assert {int(no_penalty.sample(logits, rows).token_ids[0]) for _ in range(8)} == {0}
+
+
+def test_rows_without_penalties_are_untouched_by_others_penalties() -> None:
+    torch.manual_seed(4)
+    logits = torch.randn(2, V)
+    sampler, rows = make([SamplingParams(temperature=0), SamplingParams(temperature=0, presence_penalty=2.0)],
+                         prompt=[1, 2, 3])
+    for _ in range(3):
+        sampler.sample(logits, rows)
+    assert torch.equal(sampler.process_logits(logits, rows)[0], logits[0])
+
+
+def test_min_tokens_bans_until_reached() -> None:
+    logits = torch.zeros(1, V)
+    logits[0, 5] = 10.0  # EOS, the favourite
+    logits[0, 9] = 5.0  # a stop token, second
+    sampler, rows = make([SamplingParams(temperature=0, min_tokens=3)], banned=[5, 9])
+    tokens = [int(sampler.sample(logits, rows).token_ids[0]) for _ in range(4)]
+    assert tokens[:3] != [5, 5, 5] and not {5, 9} & set(tokens[:3])
+    assert tokens[3] == 5
+    # Sampled (non-greedy) rows obey the ban too.
+    sampler, rows = make([SamplingParams(temperature=1.0, min_tokens=2)] * 200, banned=[5])
+    assert not (sampler.sample(logits.expand(200, V), rows).token_ids == 5).any()
+
+
+def test_logprobs_come_from_raw_logits() -> None:
+    torch.manual_seed(5)
+    logits = torch.randn(3, V).to(torch.bfloat16)
+    sampler, rows = make([SamplingParams(temperature=1.0, repetition_penalty=1.5),
+                          SamplingParams(temperature=0, presence_penalty=1.0),
+                          SamplingParams(temperature=0.5, top_k=3)], prompt=[0, 1, 2, 3])
+    out = sampler.sample(logits, rows, top_n=4)
+    raw = torch.log_softmax(logits.float(), -1)
+    assert out.token_ids.dtype == torch.int64 and out.logprobs.dtype == torch.float32
+    assert torch.allclose(out.logprobs, raw.gather(1, out.token_ids[:, None])[:, 0])
+    top = raw.topk(4, -1)
+    assert torch.equal(out.top_ids, top.indices) and torch.allclose(out.top_logprobs, top.values)
+    assert sampler.sample(logits, rows).logprobs is None
+
+
+def test_readmission_restores_counter_and_counts() -> None:
+    params = SamplingParams(temperature=0.8, frequency_penalty=0.5, min_tokens=5)
+    sampler = Sampler(4, V, "cpu")
+    sampler.prepare_row(2, params, 99, [1, 2], [], [0])
+    row = torch.tensor([2])
+    torch.manual_seed(6)
+    steps = [torch.randn(1, V) for _ in range(6)]
+    first = [int(sampler.sample(s, row).token_ids[0]) for s in steps]
+    assert int(sampler.generated[2]) == 6
+    assert torch.equal(sampler.counts[2], counts_of(torch.tensor(first), V))
+
+    # Retracted after 3 tokens, re-admitted into another row: same counter, counts and continuation.
+    again = Sampler(4, V, "cpu")
+    again.prepare_row(0, SamplingParams(presence_penalty=1.0), 5, [3], [4, 4], [])  # stale state in row 0
+    again.prepare_row(0, params, 99, [1, 2], first[:3], [0])
+    assert int(again.generated[0]) == 3
+    assert torch.equal(again.counts[0], counts_of(torch.tensor(first[:3]), V))
+    assert [int(again.sample(s, torch.tensor([0])).token_ids[0]) for s in steps[3:]] == first[3:]
