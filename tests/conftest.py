@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -10,6 +11,8 @@ import torch
 from minisgl.tools.tiny_model import make_tiny_model
 
 ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe"]
+# The same suite runs on a GPU with MINISGL_TEST_DEVICE=cuda (CI runs it on the CPU).
+DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="session")
@@ -27,12 +30,20 @@ def random_prompts(lengths: list[int], vocab: int, seed: int = 0) -> list[list[i
 _HF_CACHE: dict[str, torch.nn.Module] = {}
 
 
-def hf_model(path: str) -> torch.nn.Module:
+def hf_model(path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
-    if path not in _HF_CACHE:
-        _HF_CACHE[path] = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return _HF_CACHE[path]
+    key = f"{path}:{dtype}"
+    if key not in _HF_CACHE:
+        _HF_CACHE[key] = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(DEVICE).eval()
+    return _HF_CACHE[key]
+
+
+def hf_logprobs(path: str, prompt: list[int], output: list[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """log_softmax of transformers' logits at the positions that predicted each output token."""
+    with torch.no_grad():
+        logits = hf_model(path, dtype)(torch.tensor([prompt + output], device=DEVICE)).logits[0].float()
+    return torch.log_softmax(logits[len(prompt) - 1: len(prompt) + len(output) - 1], -1).cpu()
 
 
 def hf_greedy(path: str, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -41,7 +52,7 @@ def hf_greedy(path: str, prompts: list[list[int]], max_new_tokens: int) -> list[
     outs = []
     with torch.no_grad():
         for prompt in prompts:
-            ids = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+            ids = model.generate(torch.tensor([prompt], device=DEVICE), max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
                                  do_sample=False, eos_token_id=None, pad_token_id=0)
             outs.append(ids[0, len(prompt):].tolist())
     return outs

@@ -106,8 +106,9 @@ def load_weights(model: CausalLM, path: Path) -> None:
                         loader(param, tensor)
                     else:
                         loader(param, tensor, shard)
-                except ValueError as exc:
-                    raise ModelLoadError(f"tensor {name!r} in {file.name}: {exc}") from None
+                except (ValueError, RuntimeError) as exc:  # RuntimeError: a slice outside a short tensor
+                    raise ModelLoadError(f"tensor {name!r} in {file.name} (shape {tuple(tensor.shape)}) does not "
+                                         f"fit parameter {param_name!r} {tuple(param.shape)}: {exc}") from None
                 loaded[param_name] += 1
     missing = [n for n, p in params.items() if loaded[n] < getattr(p, "num_shards", 1)]
     if missing:
