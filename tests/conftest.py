@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from minisgl import LLM
 from minisgl.tools.tiny_model import make_tiny_model
 
 ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe"]
@@ -25,6 +26,13 @@ def tiny_models(tmp_path_factory) -> dict[str, str]:
 def random_prompts(lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
+
+
+def make_llm(path: str, **kwargs) -> LLM:
+    """An engine on the test device, fp32 unless told, with a small KV pool: on a GPU the default
+    pool takes most of the memory, and tests keep several engines alive at once."""
+    kwargs = {"device": DEVICE, "dtype": "float32", "num_pages": 4096, **kwargs}
+    return LLM(path, **kwargs)
 
 
 _HF_CACHE: dict[str, torch.nn.Module] = {}

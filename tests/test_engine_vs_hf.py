@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import ARCHS, DEVICE, hf_greedy, random_prompts
+from conftest import ARCHS, hf_greedy, make_llm, random_prompts
 from minisgl import LLM, SamplingParams
 
 LENGTHS = [1, 7, 19, 64, 130, 257, 310, 33]  # 8 prompts, 1 to 300+ tokens
@@ -40,7 +40,7 @@ VARIANTS = {
 @pytest.mark.parametrize("arch", ARCHS)
 def test_greedy_equals_transformers(tiny_models, arch, variant):
     prompts = random_prompts(LENGTHS, VOCAB)
-    llm = LLM(tiny_models[arch], device=DEVICE, dtype="float32", **VARIANTS[variant])
+    llm = make_llm(tiny_models[arch], **VARIANTS[variant])
     outs = llm.generate(prompts, GREEDY)
     expected = reference(tiny_models[arch], prompts)
     for out, ref, prompt in zip(outs, expected, prompts):
@@ -55,7 +55,7 @@ def test_radix_cache_shares_prefix(tiny_models, arch, page_size):
     shared = random_prompts([100], VOCAB, seed=1)[0]
     first = [shared + tail for tail in random_prompts([5, 9, 30], VOCAB, seed=2)]
     second = [shared + tail for tail in random_prompts([3, 12, 21, 40], VOCAB, seed=3)]
-    llm = LLM(tiny_models[arch], device=DEVICE, dtype="float32", page_size=page_size)
+    llm = make_llm(tiny_models[arch], page_size=page_size)
     outs1 = llm.generate(first, GREEDY)
     assert all(o.cached_tokens == 0 for o in outs1)
     outs2 = llm.generate(second, GREEDY)
@@ -76,7 +76,7 @@ def test_radix_cache_shares_prefix(tiny_models, arch, page_size):
 def test_retraction_keeps_output(tiny_models, arch, cache_type):
     prompts = random_prompts([12, 40, 25, 33, 18, 9, 28, 37], VOCAB, seed=4)
     # 8 requests of up to 72 tokens in a pool of 120: decode must run out of pages and retract.
-    llm = LLM(tiny_models[arch], device=DEVICE, dtype="float32", num_pages=120, cache_type=cache_type)
+    llm = make_llm(tiny_models[arch], num_pages=120, cache_type=cache_type)
     outs = llm.generate(prompts, GREEDY)
     assert llm.stats()["num_retracted"] > 0
     assert [o.token_ids for o in outs] == reference(tiny_models[arch], prompts)
@@ -86,10 +86,10 @@ def test_retraction_keeps_output(tiny_models, arch, cache_type):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_tensor_parallel_2_equals_1(tiny_models, arch):
     prompts = random_prompts(LENGTHS, VOCAB)
-    with LLM(tiny_models[arch], device=DEVICE, dtype="float32", tp_size=2, max_prefill_tokens=64) as llm:
+    with make_llm(tiny_models[arch], tp_size=2, max_prefill_tokens=64) as llm:
         tp2 = [o.token_ids for o in llm.generate(prompts, GREEDY)]
         again = llm.generate(prompts[:2], GREEDY)  # the follower keeps serving between calls
         assert_no_leak(llm)
-    tp1 = [o.token_ids for o in LLM(tiny_models[arch], device=DEVICE, dtype="float32").generate(prompts, GREEDY)]
+    tp1 = [o.token_ids for o in make_llm(tiny_models[arch]).generate(prompts, GREEDY)]
     assert tp2 == tp1 == reference(tiny_models[arch], prompts)
     assert [o.token_ids for o in again] == tp1[:2]

@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import DEVICE, hf_greedy, hf_logprobs, random_prompts
-from minisgl import LLM, SamplingParams
+from conftest import hf_greedy, hf_logprobs, make_llm, random_prompts
+from minisgl import SamplingParams
 from minisgl.models.loader import ModelLoadError
 from minisgl.tools.tiny_model import make_tiny_model
 
@@ -33,7 +33,7 @@ def test_sharded_checkpoint_equals_single_file(tmp_path, tiny_models):
     sharded = make_tiny_model(tmp_path / "sharded", arch="qwen3_moe", seed=0, max_shard_size="100KB")
     assert (sharded / "model.safetensors.index.json").exists() and len(list(sharded.glob("*.safetensors"))) > 2
     prompts = random_prompts([7, 33], VOCAB)
-    out = LLM(str(sharded), device=DEVICE, dtype="float32").generate(prompts, GREEDY)
+    out = make_llm(str(sharded)).generate(prompts, GREEDY)
     assert [o.token_ids for o in out] == hf_greedy(tiny_models["qwen3_moe"], prompts, 16)
 
 
@@ -41,20 +41,20 @@ def test_missing_tensor_is_named(tmp_path, tiny_models):
     name = "model.layers.1.self_attn.k_proj.weight"
     path = edit_checkpoint(tiny_models["llama"], tmp_path / "m", lambda t: {k: v for k, v in t.items() if k != name})
     with pytest.raises(ModelLoadError, match=r"model\.layers\.1\.self_attn\.qkv_proj\.weight"):
-        LLM(path, device=DEVICE)
+        make_llm(path)
 
 
 def test_misshaped_tensor_is_named(tmp_path, tiny_models):
     name = "model.layers.0.mlp.down_proj.weight"
     path = edit_checkpoint(tiny_models["qwen2"], tmp_path / "m", lambda t: {**t, name: t[name][:, :-1].contiguous()})
     with pytest.raises(ModelLoadError, match=rf"{name}.*\(shape \(64, 127\)\) does not fit"):
-        LLM(path, device=DEVICE)
+        make_llm(path)
 
 
 def test_unexpected_tensor_is_named(tmp_path, tiny_models):
     path = edit_checkpoint(tiny_models["qwen2"], tmp_path / "m", lambda t: {**t, "model.extra.weight": torch.ones(2)})
     with pytest.raises(ModelLoadError, match=r"model\.extra\.weight"):
-        LLM(path, device=DEVICE)
+        make_llm(path)
 
 
 def test_unsupported_architecture_is_named(tmp_path, tiny_models):
@@ -63,7 +63,7 @@ def test_unsupported_architecture_is_named(tmp_path, tiny_models):
     config["architectures"] = ["GPT2LMHeadModel"]
     (tmp_path / "m" / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match="GPT2LMHeadModel.*Qwen3ForCausalLM"):
-        LLM(str(tmp_path / "m"), device=DEVICE)
+        make_llm(str(tmp_path / "m"))
 
 
 def test_hub_id_offline_gives_a_clear_error(tmp_path):
@@ -77,7 +77,7 @@ def test_hub_id_offline_gives_a_clear_error(tmp_path):
 def test_dummy_weights_need_only_a_config(tmp_path, tiny_models):
     (tmp_path / "cfg").mkdir()
     shutil.copy(os.path.join(tiny_models["qwen3_moe"], "config.json"), tmp_path / "cfg")
-    llm = LLM(str(tmp_path / "cfg"), device=DEVICE, dtype="float32", dummy_weights=True)
+    llm = make_llm(str(tmp_path / "cfg"), dummy_weights=True)
     assert llm.tokenizer is None
     out = llm.generate(random_prompts([12], VOCAB)[0], GREEDY)[0]
     assert out.text is None and len(out.token_ids) == 16 and all(0 <= t < 512 for t in out.token_ids)
@@ -90,7 +90,7 @@ def test_bfloat16_logits_close_to_transformers(tiny_models):
     over a short horizon."""
     path = tiny_models["llama"]
     prompts = random_prompts([5, 40], VOCAB, seed=5)
-    llm = LLM(path, device=DEVICE, dtype="bfloat16")
+    llm = make_llm(path, dtype="bfloat16")
     assert llm.engine.pool.k.dtype == torch.bfloat16
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=5))
     for prompt, out in zip(prompts, outs):
@@ -104,4 +104,4 @@ def test_bad_engine_arguments_name_the_field(tiny_models):
     for kwargs, field in [({"cache_type": "lru"}, "cache_type"), ({"page_size": 0}, "page_size"),
                           ({"dtype": "int8"}, "dtype"), ({"attention_backend": "nope"}, "attention backend")]:
         with pytest.raises(ValueError, match=field):
-            LLM(tiny_models["qwen3"], device=DEVICE, **kwargs)
+            make_llm(tiny_models["qwen3"], **kwargs)

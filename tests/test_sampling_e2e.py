@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import DEVICE, hf_greedy, hf_logprobs, random_prompts
+from conftest import hf_greedy, hf_logprobs, make_llm, random_prompts
 from minisgl import LLM, SamplingParams
 
 VOCAB = 400
@@ -22,7 +22,7 @@ def qwen3(tiny_models) -> str:
 
 @pytest.fixture(scope="module")
 def llm(qwen3) -> LLM:
-    return LLM(qwen3, device=DEVICE, dtype="float32", page_size=4)
+    return make_llm(qwen3, page_size=4)
 
 
 def test_seeded_sampling_ignores_batch_composition(llm):
@@ -73,7 +73,7 @@ def test_generation_config_eos_ids_stop(tmp_path, qwen3):
     gen = json.loads((model / "generation_config.json").read_text())
     gen["eos_token_id"] = [2, ref[9]]
     (model / "generation_config.json").write_text(json.dumps(gen))
-    llm = LLM(str(model), device=DEVICE, dtype="float32")
+    llm = make_llm(str(model))
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=32))[0]
     assert out.finish_reason == "stop" and out.token_ids == ref[: ref.index(ref[9]) + 1]
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))[0]
@@ -97,7 +97,7 @@ def test_logprobs_match_transformers(llm, qwen3):
 
 
 def test_max_seq_len_caps_generation(qwen3):
-    llm = LLM(qwen3, device=DEVICE, dtype="float32", max_seq_len=64)
+    llm = make_llm(qwen3, max_seq_len=64)
     out = llm.generate(random_prompts([50], VOCAB)[0], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
     assert out[0].finish_reason == "length" and len(out[0].token_ids) == 14
     with pytest.raises(ValueError, match="64"):

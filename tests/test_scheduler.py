@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import DEVICE, random_prompts
+from conftest import make_llm, random_prompts
 from minisgl import LLM, SamplingParams
 from minisgl.core import Req, ReqStatus
 from minisgl.scheduler import AbortReq, AddReq
@@ -27,7 +27,7 @@ def pages_accounted(llm: LLM) -> None:
 
 @pytest.fixture
 def llm(tiny_models) -> LLM:
-    return LLM(tiny_models["qwen2"], device=DEVICE, dtype="float32", page_size=4, max_prefill_tokens=16,
+    return make_llm(tiny_models["qwen2"], page_size=4, max_prefill_tokens=16,
                max_running_requests=3)
 
 
@@ -77,7 +77,7 @@ def test_running_cap_and_fifo_admission(llm):
 
 
 def test_retraction_under_pressure_accounts_pages(tiny_models):
-    llm = LLM(tiny_models["qwen2"], device=DEVICE, dtype="float32", page_size=4, num_pages=24)
+    llm = make_llm(tiny_models["qwen2"], page_size=4, num_pages=24)
     reqs = submit(llm, [10, 14, 9, 12], max_tokens=30)
     while llm.scheduler.has_work:
         run(llm, 1)
@@ -87,7 +87,7 @@ def test_retraction_under_pressure_accounts_pages(tiny_models):
 
 
 def test_request_larger_than_pool_is_rejected(tiny_models):
-    llm = LLM(tiny_models["qwen2"], device=DEVICE, dtype="float32", page_size=4, num_pages=8)
+    llm = make_llm(tiny_models["qwen2"], page_size=4, num_pages=8)
     with pytest.raises(ValueError, match="KV pool holds only 32"):
         llm.generate(random_prompts([40], VOCAB)[0])
     # A prompt that fits but whose generation outgrows the pool stops with "length", not a hang.
