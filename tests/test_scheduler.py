@@ -94,3 +94,14 @@ def test_request_larger_than_pool_is_rejected(tiny_models):
     out = llm.generate(random_prompts([20], VOCAB)[0], SamplingParams(max_tokens=100, ignore_eos=True))[0]
     assert out.finish_reason == "length" and 20 + len(out.token_ids) >= 32
     pages_accounted(llm)
+
+
+def test_request_that_can_never_fit_finishes_instead_of_hanging(tiny_models):
+    """The offline front rejects such prompts; the scheduler must not hang on one that gets through."""
+    llm = make_llm(tiny_models["qwen2"], page_size=4, num_pages=8)
+    too_big, fine = submit(llm, [40, 6], max_tokens=3)
+    for _ in range(10):
+        run(llm, 1)
+    assert too_big.finish_reason == "length" and too_big.output_ids == []
+    assert fine.finish_reason == "length" and len(fine.output_ids) == 3
+    pages_accounted(llm)

@@ -105,6 +105,10 @@ class Scheduler:
             need = self.kv.pages_for(req.kv_len + n) - len(req.pages)
             if need + len(self.running) > self.kv.available_pages:
                 self.kv.release(req)
+                if not self.running:  # the whole pool is not enough: it can never run
+                    self.waiting.popleft()
+                    self._finish(req, "length")
+                    continue
                 break
             self.kv.reserve(req, n)
             self.waiting.popleft()
