@@ -1,4 +1,5 @@
-"""The loop of TP ranks 1..N-1: take rank 0's messages, make the same decisions, run the same steps."""
+"""Scheduler processes: rank 0 serves messages from ZMQ (server) or from the offline LLM; ranks
+1..N-1 follow rank 0's broadcast, making the same decisions and running the same steps."""
 
 from __future__ import annotations
 
@@ -8,13 +9,20 @@ from minisgl.engine.engine import Engine, resolve_device
 from minisgl.scheduler.scheduler import Scheduler
 
 
-def run_follower(rank: int, size: int, port: int, args: EngineArgs) -> None:
+def build_scheduler(rank: int, size: int, port: int, args: EngineArgs) -> Scheduler:
     device = resolve_device(args.device, rank)
     tp = init_tp_group(rank, size, device, port)
-    scheduler = Scheduler(Engine(args, tp, device), tp)
+    return Scheduler(Engine(args, tp, device), tp)
+
+
+def follow(scheduler: Scheduler) -> None:
     while not scheduler.shutdown:
         scheduler.sync_and_apply(None)
         if scheduler.has_work:
             scheduler.step()
         scheduler.finished.clear()  # rank 0 reports results
-    tp.destroy()
+    scheduler.tp.destroy()
+
+
+def run_follower(rank: int, size: int, port: int, args: EngineArgs) -> None:
+    follow(build_scheduler(rank, size, port, args))

@@ -46,8 +46,10 @@ class Scheduler:
         self.running: list[Req] = []  # admission order: the last one is the cheapest to retract
         self.reqs: dict[int, Req] = {}
         self.finished: list[Req] = []  # finished since the caller last drained it
+        self.progressed: list[Req] = []  # got a token in the last step and still running (for streaming)
         self.num_retracted = 0
-        self.cache_hit_tokens = 0
+        self.cache_hit_tokens = 0  # prompt tokens served from the prefix cache, over first admissions
+        self.prompt_tokens_admitted = 0
         self.shutdown = False
 
     # ---- messages -------------------------------------------------------------------------------
@@ -78,6 +80,7 @@ class Scheduler:
     # ---- one step -------------------------------------------------------------------------------
 
     def step(self) -> None:
+        self.progressed = []
         batch = self._prefill_batch() or self._decode_batch()
         if batch is not None:
             self._commit(batch, self.engine.step(batch))
@@ -113,7 +116,9 @@ class Scheduler:
             self.kv.reserve(req, n)
             self.waiting.popleft()
             req.status = ReqStatus.RUNNING
-            self.cache_hit_tokens += req.kv_len if not req.output_ids else 0
+            if not req.output_ids:  # first admission (not a retracted request coming back)
+                self.cache_hit_tokens += req.kv_len
+                self.prompt_tokens_admitted += len(req.prompt_ids)
             self.engine.sampler.prepare_row(req.row, req.params, req.seed, req.prompt_ids, req.output_ids,
                                             self._banned_early(req))
             self.running.append(req)
@@ -173,6 +178,8 @@ class Scheduler:
             reason = self._stop_reason(req, tokens[j])
             if reason:
                 self._finish(req, reason)
+            else:
+                self.progressed.append(req)
 
     def _stop_reason(self, req: Req, token: int) -> str | None:
         params, generated = req.params, len(req.output_ids)
@@ -194,6 +201,7 @@ class Scheduler:
     def stats(self) -> dict:
         return {
             "total_pages": self.engine.num_pages,
+            "page_size": self.kv.page_size,
             "free_pages": self.kv.allocator.num_free,
             "evictable_pages": self.kv.cache.evictable_pages,
             "cached_pages": self.kv.cache.cached_pages,
@@ -201,4 +209,5 @@ class Scheduler:
             "num_waiting": len(self.waiting),
             "num_retracted": self.num_retracted,
             "cache_hit_tokens": self.cache_hit_tokens,
+            "prompt_tokens_admitted": self.prompt_tokens_admitted,
         }

@@ -1,0 +1,1 @@
+"""Serving layer: streams generated text to OpenAI-compatible clients."""

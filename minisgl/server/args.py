@@ -1,0 +1,92 @@
+"""Command-line flags of `python -m minisgl`: mini-sglang's names, plus SGLang's spellings where cheap."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from minisgl.engine.config import EngineArgs
+
+
+@dataclass
+class ServerArgs:
+    engine: EngineArgs
+    host: str
+    port: int
+    served_model_name: str
+    api_key: str | None
+    max_queued_requests: int
+    shutdown_timeout: float
+    shell: bool
+    demo: bool
+    log_level: str
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m minisgl",
+        description="Serve a model with an OpenAI-compatible API (or chat with it: --shell).",
+        epilog="Example: python -m minisgl --model Qwen/Qwen3-0.6B --port 1919   |   "
+               "python -m minisgl --demo (a tiny random model on the CPU, no GPU or network needed)")
+    model = p.add_argument_group("model")
+    model.add_argument("--model", "--model-path", dest="model", help="local checkpoint directory or Hugging Face id")
+    model.add_argument("--served-model-name", help="the name clients use in 'model' (default: --model)")
+    model.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                       help="weight and KV dtype; auto takes config.json's (default: auto)")
+    model.add_argument("--dummy-weight", action="store_true", help="random weights from config.json (benchmarks)")
+    model.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
+                       help="SGLang spelling: 'dummy' equals --dummy-weight")
+    model.add_argument("--demo", action="store_true",
+                       help="serve a tiny random model made on the spot, on the CPU (no --model needed)")
+
+    engine = p.add_argument_group("engine")
+    engine.add_argument("--device", default="auto", help="auto | cuda | cpu (default: auto, CUDA when present)")
+    engine.add_argument("--tp", "--tp-size", dest="tp", type=int, default=1, help="tensor-parallel ranks")
+    engine.add_argument("--max-running-requests", type=int, default=256, help="cap on concurrently running requests")
+    engine.add_argument("--max-prefill-length", "--chunked-prefill-size", dest="max_prefill_tokens", type=int,
+                        default=8192, help="token budget of one prefill step; longer prompts are chunked")
+    engine.add_argument("--max-seq-len", "--context-length", dest="max_seq_len", type=int,
+                        help="longest prompt + completion (default: the model's max_position_embeddings)")
+    engine.add_argument("--page-size", type=int, default=1, help="tokens per KV-cache page (default: 1)")
+    engine.add_argument("--memory-ratio", "--mem-fraction-static", dest="memory_ratio", type=float, default=0.9,
+                        help="share of GPU memory for weights + KV cache (default: 0.9)")
+    engine.add_argument("--num-pages", type=int, help="KV-cache pages (default: sized from --memory-ratio)")
+    engine.add_argument("--cache", choices=["radix", "naive"], default="radix",
+                        help="prefix cache: radix shares prompt prefixes, naive does not (default: radix)")
+    engine.add_argument("--disable-radix-cache", action="store_true", help="SGLang spelling of --cache naive")
+    engine.add_argument("--attn", default="torch", help="attention backend (available: torch)")
+    engine.add_argument("--cuda-graph-max-bs", type=int, default=256,
+                        help="largest batch to capture in CUDA graphs (accepted; CUDA graphs are not built yet)")
+
+    server = p.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 in containers)")
+    server.add_argument("--port", type=int, default=1919)
+    server.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on the /v1 endpoints")
+    server.add_argument("--max-queued-requests", type=int, default=1024,
+                        help="requests waiting for their first token beyond which new ones get 503")
+    server.add_argument("--shutdown-timeout", type=float, default=30.0,
+                        help="seconds in-flight requests may take to finish after SIGTERM")
+    server.add_argument("--shell", action="store_true", help="interactive chat in this terminal (/reset, /exit)")
+    server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> ServerArgs:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if a.demo:
+        a.model = a.model or "demo"
+        a.device = "cpu" if a.device == "auto" else a.device
+    if not a.model:
+        parser.error("--model is required (or --demo)")
+    try:
+        engine = EngineArgs(
+            model=a.model, device=a.device, dtype=a.dtype, tp_size=a.tp, page_size=a.page_size,
+            max_prefill_tokens=a.max_prefill_tokens, cache_type="naive" if a.disable_radix_cache else a.cache,
+            num_pages=a.num_pages, max_running_requests=a.max_running_requests, attention_backend=a.attn,
+            max_seq_len=a.max_seq_len, memory_ratio=a.memory_ratio,
+            dummy_weights=a.dummy_weight or a.load_format == "dummy")
+    except ValueError as exc:
+        parser.error(str(exc))
+    return ServerArgs(engine, a.host, a.port, a.served_model_name or a.model, a.api_key, a.max_queued_requests,
+                      a.shutdown_timeout, a.shell, a.demo, a.log_level)

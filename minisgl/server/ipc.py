@@ -1,0 +1,105 @@
+"""ZMQ plumbing between the server's processes, and the messages that cross it.
+
+    api ──AddReq/AbortReq/StatsRequest──▶ scheduler rank 0 ──ReqOutput──▶ detokenizer ──TextOutput──▶ api
+    api ──DetokRegister──▶ detokenizer          detokenizer ──AbortReq (stop string hit)──▶ scheduler
+    scheduler ──Ready/StatsReply──▶ api
+
+Each process binds one PULL socket (its inbox) and PUSHes to the others' inboxes. Messages are small
+pickled dataclasses; token ids travel as lists, never tensors.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import tempfile
+from dataclasses import dataclass, field
+
+import zmq
+
+from minisgl.core import TokenLogprob
+
+
+@dataclass
+class IpcPaths:
+    scheduler: str
+    detokenizer: str
+    api: str
+
+    @classmethod
+    def new(cls) -> "IpcPaths":
+        root = tempfile.mkdtemp(prefix="minisgl-")  # short: ipc paths are limited to ~100 bytes
+        return cls(f"ipc://{root}/scheduler", f"ipc://{root}/detokenizer", f"ipc://{root}/api")
+
+
+def inbox(ctx: zmq.Context, addr: str) -> zmq.Socket:
+    sock = ctx.socket(zmq.PULL)
+    sock.bind(addr)
+    return sock
+
+
+def outbox(ctx: zmq.Context, addr: str) -> zmq.Socket:
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(addr)
+    return sock
+
+
+def die_with_parent() -> None:
+    """Linux: ask the kernel to SIGKILL this process when its parent dies, so nothing is orphaned."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+@dataclass
+class ReqOutput:
+    """Scheduler -> detokenizer: what one request produced since its last output."""
+
+    rid: int
+    new_ids: list[int]
+    logprobs: list[TokenLogprob]
+    finish_reason: str | None
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class DetokRegister:
+    """Api -> detokenizer, before the request reaches the scheduler: how to turn its ids into text."""
+
+    rid: int
+    stop: list[str]
+    skip_special_tokens: bool = True
+
+
+@dataclass
+class TextOutput:
+    """Detokenizer -> api: the text a request produced since its last output."""
+
+    rid: int
+    text: str
+    new_ids: list[int]
+    logprobs: list[tuple[str, float, list[tuple[str, float]]]]  # (token text, logprob, top alternatives)
+    finish_reason: str | None
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class StatsRequest:
+    ask_id: int
+
+
+@dataclass
+class StatsReply:
+    ask_id: int
+    stats: dict
+
+
+@dataclass
+class Ready:
+    """Scheduler rank 0 -> api: the model is loaded and warmed up."""
+
+    info: dict = field(default_factory=dict)

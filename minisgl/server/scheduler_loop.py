@@ -1,0 +1,97 @@
+"""A scheduler process of the server: rank 0 talks ZMQ, ranks 1..N-1 follow its broadcast."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import zmq
+
+from minisgl.core import Req, SamplingParams
+from minisgl.engine.config import EngineArgs
+from minisgl.scheduler import AddReq, Scheduler
+from minisgl.scheduler.follower import build_scheduler, follow
+from minisgl.server.ipc import IpcPaths, Ready, ReqOutput, StatsReply, StatsRequest, die_with_parent, inbox, outbox
+
+logger = logging.getLogger("minisgl.scheduler")
+
+IDLE_POLL_MS = 50  # how long an idle rank 0 waits for messages before looping (and re-broadcasting)
+
+
+def run_scheduler(rank: int, size: int, port: int, args: EngineArgs, ipc: IpcPaths, log_level: str) -> None:
+    die_with_parent()
+    logging.basicConfig(level=log_level.upper(), format=f"%(asctime)s [rank {rank}] %(levelname)s %(message)s")
+    scheduler = build_scheduler(rank, size, port, args)
+    if rank == 0:
+        SchedulerServer(scheduler, ipc).run()
+    else:
+        follow(scheduler)
+
+
+class SchedulerServer:
+    def __init__(self, scheduler: Scheduler, ipc: IpcPaths):
+        self.scheduler = scheduler
+        ctx = zmq.Context()
+        self.inbox = inbox(ctx, ipc.scheduler)
+        self.to_detok = outbox(ctx, ipc.detokenizer)
+        self.to_api = outbox(ctx, ipc.api)
+        self.sent: dict[int, int] = {}  # rid -> output tokens already reported
+        self.generated = 0  # tokens reported since the last stats reply, for gen_throughput
+        self.last_stats = time.monotonic()
+
+    def run(self) -> None:
+        self.warm_up()
+        engine = self.scheduler.engine
+        self.to_api.send_pyobj(Ready({
+            "max_seq_len": engine.max_seq_len, "num_pages": engine.num_pages, "page_size": engine.page_size,
+            "kv_capacity_tokens": engine.num_pages * engine.page_size, "vocab_size": engine.config.vocab_size,
+            "dtype": str(engine.config.dtype).replace("torch.", ""), "device": str(engine.device),
+            "tp_size": self.scheduler.tp.size, "model_path": str(engine.model_path)}))
+        while not self.scheduler.shutdown:
+            messages = self.receive(block=not self.scheduler.has_work)
+            asks = [m for m in messages if isinstance(m, StatsRequest)]
+            self.scheduler.sync_and_apply([m for m in messages if not isinstance(m, StatsRequest)])
+            if self.scheduler.has_work:
+                self.scheduler.step()
+            self.report()
+            for ask in asks:
+                self.to_api.send_pyobj(StatsReply(ask.ask_id, self.stats()))
+
+    def warm_up(self) -> None:
+        """One tiny generation through every layer, so the first user request pays no start-up cost."""
+        params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+        self.scheduler.sync_and_apply([AddReq(Req(-1, [0, 1, 2, 3], params, seed=0))])
+        while self.scheduler.has_work:
+            self.scheduler.step()
+        self.scheduler.finished.clear()
+
+    def receive(self, block: bool) -> list:
+        if block and not self.inbox.poll(IDLE_POLL_MS):
+            return []
+        messages = []
+        while True:
+            try:
+                messages.append(self.inbox.recv_pyobj(zmq.NOBLOCK))
+            except zmq.Again:
+                return messages
+
+    def report(self) -> None:
+        """Send every request's new tokens (and finish) of the last step to the detokenizer."""
+        outputs = []
+        for req in self.scheduler.progressed + self.scheduler.finished:
+            start = self.sent.pop(req.rid, 0)
+            if req.finish_reason is None:
+                self.sent[req.rid] = len(req.output_ids)
+            self.generated += len(req.output_ids) - start
+            outputs.append(ReqOutput(req.rid, req.output_ids[start:], req.output_logprobs[start:], req.finish_reason,
+                                     len(req.prompt_ids), req.cached_tokens))
+        self.scheduler.progressed = []
+        self.scheduler.finished.clear()
+        if outputs:
+            self.to_detok.send_pyobj(outputs)
+
+    def stats(self) -> dict:
+        now = time.monotonic()
+        throughput = self.generated / max(now - self.last_stats, 1e-6)
+        self.generated, self.last_stats = 0, now
+        return {**self.scheduler.stats(), "gen_throughput": throughput}

@@ -1,0 +1,60 @@
+"""Start and stop a real `python -m minisgl` server process for tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+from conftest import DEVICE
+from minisgl.distributed import free_port
+
+
+class Server:
+    def __init__(self, model: str, *extra: str, name: str = "tiny"):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"minisgl-server-{self.port}.log"), "w+")
+        cmd = [sys.executable, "-m", "minisgl", "--model", model, "--served-model-name", name, "--port",
+               str(self.port), "--device", DEVICE, "--dtype", "float32", "--num-pages", "4096", *extra]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.wait_healthy()
+
+    def wait_healthy(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"server exited early:\n{self.output()}"
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"server not healthy after {timeout}s:\n{self.output()}")
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def info(self) -> dict:
+        return httpx.get(f"{self.url}/get_server_info", timeout=10).json()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+        return self.proc.wait()
+
+
+def pages_all_free(info: dict) -> bool:
+    s = info["scheduler"]
+    return s["num_running"] == s["num_waiting"] == 0 and s["free_pages"] + s["evictable_pages"] == s["total_pages"]
