@@ -75,10 +75,8 @@ class LLM:
         pending = {req.rid for req in reqs}
         messages = [AddReq(req) for req in reqs]
         while pending:
-            self.scheduler.sync_and_apply(messages)
+            self.scheduler.tick(messages)
             messages = []
-            if self.scheduler.has_work:
-                self.scheduler.step()
             for req in self.scheduler.finished:
                 pending.discard(req.rid)
             self.scheduler.finished.clear()
@@ -118,7 +116,7 @@ class LLM:
             return
         self._closed = True
         if self._followers:
-            self.scheduler.sync_and_apply([Shutdown()])
+            self.scheduler.tick([Shutdown()])
             for proc in self._followers:
                 proc.join(timeout=30)
             self._tp.destroy()

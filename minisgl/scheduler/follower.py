@@ -17,9 +17,7 @@ def build_scheduler(rank: int, size: int, port: int, args: EngineArgs) -> Schedu
 
 def follow(scheduler: Scheduler) -> None:
     while not scheduler.shutdown:
-        scheduler.sync_and_apply(None)
-        if scheduler.has_work:
-            scheduler.step()
+        scheduler.tick(None)
         scheduler.finished.clear()  # rank 0 reports results
     scheduler.tp.destroy()
 

@@ -73,6 +73,13 @@ class Scheduler:
             self.waiting.remove(req)
         self._finish(req, "abort")
 
+    def tick(self, messages: list | None) -> None:
+        """One lockstep iteration, identical on every rank: agree on the messages, then step if there
+        is work. Every driver (offline LLM, server, followers) advances the scheduler only this way."""
+        self.sync_and_apply(messages)
+        if self.has_work:
+            self.step()
+
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)

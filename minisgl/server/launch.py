@@ -63,11 +63,12 @@ def start_children(args: ServerArgs, ipc: IpcPaths) -> list[multiprocessing.Proc
 
 def watch_children(children: list[multiprocessing.Process], stopping: threading.Event) -> None:
     """Any child exiting on its own is fatal: say which, stop the rest, exit non-zero."""
-    multiprocessing.connection.wait([c.sentinel for c in children])
+    ended = multiprocessing.connection.wait([c.sentinel for c in children])
     if stopping.is_set():
         return
     for child in children:
-        if not child.is_alive():
+        if child.sentinel in ended:  # its pipe closes a moment before it can be reaped: join for the code
+            child.join(timeout=1)
             logger.error("%s (pid %d) exited with code %s; shutting the server down", child.name, child.pid,
                          child.exitcode)
     for child in children:

@@ -50,9 +50,7 @@ class SchedulerServer:
         while not self.scheduler.shutdown:
             messages = self.receive(block=not self.scheduler.has_work)
             asks = [m for m in messages if isinstance(m, StatsRequest)]
-            self.scheduler.sync_and_apply([m for m in messages if not isinstance(m, StatsRequest)])
-            if self.scheduler.has_work:
-                self.scheduler.step()
+            self.scheduler.tick([m for m in messages if not isinstance(m, StatsRequest)])
             self.report()
             for ask in asks:
                 self.to_api.send_pyobj(StatsReply(ask.ask_id, self.stats()))
@@ -60,9 +58,9 @@ class SchedulerServer:
     def warm_up(self) -> None:
         """One tiny generation through every layer, so the first user request pays no start-up cost."""
         params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
-        self.scheduler.sync_and_apply([AddReq(Req(-1, [0, 1, 2, 3], params, seed=0))])
+        self.scheduler.tick([AddReq(Req(-1, [0, 1, 2, 3], params, seed=0))])
         while self.scheduler.has_work:
-            self.scheduler.step()
+            self.scheduler.tick([])
         self.scheduler.finished.clear()
 
     def receive(self, block: bool) -> list:

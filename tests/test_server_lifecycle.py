@@ -1,0 +1,121 @@
+"""Server processes over their lifetime: draining on SIGTERM, dying children, TP = 2, the shell."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from conftest import DEVICE, random_prompts
+from server_utils import Server
+
+
+@pytest.fixture(scope="module")
+def model(tiny_models) -> str:
+    return tiny_models["qwen3"]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is not alive
+        return f.read().split(") ")[1][0] != "Z"
+
+
+def test_sigterm_drains_in_flight_requests_then_exits_0(model):
+    srv = Server(model, "--shutdown-timeout", "60")
+    body = {"model": "tiny", "prompt": "Keep talking", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    result: dict = {}
+
+    def stream() -> None:
+        with httpx.stream("POST", f"{srv.url}/v1/completions", json=body, timeout=60) as resp:
+            result["status"] = resp.status_code
+            result["events"] = [line for line in resp.iter_lines() if line.startswith("data: ")]
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while srv.info()["scheduler"]["num_running"] == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    srv.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    assert httpx.get(f"{srv.url}/health").status_code == 503
+    refused = httpx.post(f"{srv.url}/v1/completions", json={"model": "tiny", "prompt": "new", "max_tokens": 2})
+    assert refused.status_code == 503 and refused.headers["retry-after"]
+    thread.join(timeout=60)
+    assert result["status"] == 200 and result["events"][-1] == "data: [DONE]"
+    assert '"finish_reason":"length"' in result["events"][-2]
+    assert srv.proc.wait(timeout=30) == 0
+    assert "draining 1 in-flight request" in srv.output()
+
+
+def test_a_dead_scheduler_takes_the_server_down(model):
+    srv = Server(model)
+    children = srv.info()["children"]
+    os.kill(children["scheduler-0"], signal.SIGKILL)
+    start = time.monotonic()
+    code = srv.proc.wait(timeout=10)
+    assert code != 0 and time.monotonic() - start < 10
+    assert "scheduler-0" in srv.output() and "exited with code -9" in srv.output()
+    time.sleep(0.5)
+    assert not any(alive(pid) for pid in children.values()), "orphaned child processes"
+
+
+def test_tp2_server_answers_like_tp1(model):
+    prompts = random_prompts([3, 17, 40, 90], 400, seed=30)
+    body = {"model": "tiny", "prompt": prompts, "max_tokens": 20, "temperature": 0, "ignore_eos": True}
+    answers = []
+    for extra in ([], ["--tp", "2"]):
+        srv = Server(model, *extra)
+        try:
+            resp = httpx.post(f"{srv.url}/v1/completions", json=body, timeout=60).json()
+            answers.append([c["text"] for c in resp["choices"]])
+            if extra:
+                assert srv.info()["tp_size"] == 2
+        finally:
+            assert srv.stop() == 0
+    assert answers[0] == answers[1] and all(answers[0])
+
+
+def read_until(fd: int, marker: bytes, timeout: float = 120) -> bytes:
+    data = b""
+    deadline = time.monotonic() + timeout
+    while marker not in data:
+        assert time.monotonic() < deadline, f"no {marker!r} in {data!r}"
+        if select.select([fd], [], [], 0.5)[0]:
+            try:
+                data += os.read(fd, 4096)
+            except OSError:
+                break
+    return data
+
+
+def test_shell_chats_and_resets_through_a_terminal(model):
+    leader, follower = pty.openpty()
+    cmd = [sys.executable, "-m", "minisgl", "--model", model, "--device", DEVICE, "--num-pages", "2048", "--shell"]
+    proc = subprocess.Popen(cmd, stdin=follower, stdout=follower, stderr=follower, close_fds=True)
+    os.close(follower)
+    try:
+        assert b"/reset clears the history" in read_until(leader, b"> ")
+        os.write(leader, b"Hello there\n")
+        reply = read_until(leader, b"\n> ")
+        assert reply.split(b"Hello there", 1)[1].strip(b"\r\n> ")  # some generated text came back
+        os.write(leader, b"/reset\n")
+        assert b"history cleared" in read_until(leader, b"\n> ")
+        os.write(leader, b"/exit\n")
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(leader)
