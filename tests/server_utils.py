@@ -19,9 +19,11 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"minisgl-server-{self.port}.log"), "w+")
-        cmd = [sys.executable, "-m", "minisgl", "--model", model, "--served-model-name", name, "--port",
-               str(self.port), "--device", DEVICE, "--dtype", "float32", "--num-pages", "4096", *extra]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        source = ["--model", model, "--served-model-name", name] if model != "--demo" else ["--demo"]
+        cmd = [sys.executable, "-m", "minisgl", *source, "--port", str(self.port), "--device", DEVICE,
+               "--dtype", "float32", "--num-pages", "4096", *extra]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.health_seen: list[int] = []  # /health status codes observed while starting
         self.wait_healthy()
 
     def wait_healthy(self, timeout: float = 120) -> None:
@@ -29,7 +31,8 @@ class Server:
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"server exited early:\n{self.output()}"
             try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                self.health_seen.append(httpx.get(f"{self.url}/health", timeout=1).status_code)
+                if self.health_seen[-1] == 200:
                     return
             except httpx.HTTPError:
                 pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import pty
 import select
@@ -48,7 +49,7 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(model):
     while srv.info()["scheduler"]["num_running"] == 0:
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    srv.proc.send_signal(signal.SIGTERM)
+    os.killpg(srv.proc.pid, signal.SIGTERM)  # the whole group, as a Ctrl-C or `timeout` does: children ignore it
     time.sleep(0.3)
     assert httpx.get(f"{srv.url}/health").status_code == 503
     refused = httpx.post(f"{srv.url}/v1/completions", json={"model": "tiny", "prompt": "new", "max_tokens": 2})
@@ -119,3 +120,32 @@ def test_shell_chats_and_resets_through_a_terminal(model):
         if proc.poll() is None:
             proc.kill()
         os.close(leader)
+
+
+def test_health_is_503_while_loading_and_demo_serves_a_chat():
+    srv = Server("--demo")
+    try:
+        assert 503 in srv.health_seen and srv.health_seen[-1] == 200  # loading, then ready
+        body = {"model": "demo", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5}
+        resp = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=30)
+        assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] >= 1
+    finally:
+        assert srv.stop() == 0
+
+
+def test_full_waiting_queue_gets_503_with_retry_after(model):
+    srv = Server(model, "--max-queued-requests", "2", "--max-running-requests", "1")
+    body = {"model": "tiny", "prompt": "wait for it", "max_tokens": 300, "ignore_eos": True}
+    try:
+        with httpx.Client(timeout=60) as http:
+            def post():
+                return http.post(f"{srv.url}/v1/completions", json=body)
+
+            with concurrent.futures.ThreadPoolExecutor(6) as pool:
+                codes = [r.status_code for r in pool.map(lambda _: post(), range(6))]
+            refused = [c for c in codes if c == 503]
+            assert refused and codes.count(200) >= 2, codes
+            resp = http.post(f"{srv.url}/v1/completions", json={**body, "max_tokens": 2})
+            assert resp.status_code == 200  # the queue drained: accepted again
+    finally:
+        assert srv.stop() == 0

@@ -12,13 +12,13 @@ import zmq
 
 from minisgl.scheduler import AbortReq
 from minisgl.server.detokenizer import IncrementalDetokenizer
-from minisgl.server.ipc import DetokRegister, IpcPaths, ReqOutput, TextOutput, die_with_parent, inbox, outbox
+from minisgl.server.ipc import DetokRegister, IpcPaths, ReqOutput, TextOutput, become_child, inbox, outbox
 
 logger = logging.getLogger("minisgl.detokenizer")
 
 
 def run_detokenizer(model_path: str, ipc: IpcPaths, log_level: str) -> None:
-    die_with_parent()
+    become_child()
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s [detokenizer] %(levelname)s %(message)s")
     from transformers import AutoTokenizer
 

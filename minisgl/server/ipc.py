@@ -45,8 +45,12 @@ def outbox(ctx: zmq.Context, addr: str) -> zmq.Socket:
     return sock
 
 
-def die_with_parent() -> None:
-    """Linux: ask the kernel to SIGKILL this process when its parent dies, so nothing is orphaned."""
+def become_child() -> None:
+    """Children leave shutdown to the server process: they ignore SIGINT/SIGTERM (a Ctrl-C or a signal
+    to the whole process group must not kill them while the server drains), and on Linux the kernel
+    SIGKILLs them when the server process dies, so nothing is orphaned."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:

@@ -11,7 +11,7 @@ from minisgl.core import Req, SamplingParams
 from minisgl.engine.config import EngineArgs
 from minisgl.scheduler import AddReq, Scheduler
 from minisgl.scheduler.follower import build_scheduler, follow
-from minisgl.server.ipc import IpcPaths, Ready, ReqOutput, StatsReply, StatsRequest, die_with_parent, inbox, outbox
+from minisgl.server.ipc import IpcPaths, Ready, ReqOutput, StatsReply, StatsRequest, become_child, inbox, outbox
 
 logger = logging.getLogger("minisgl.scheduler")
 
@@ -19,7 +19,7 @@ IDLE_POLL_MS = 50  # how long an idle rank 0 waits for messages before looping (
 
 
 def run_scheduler(rank: int, size: int, port: int, args: EngineArgs, ipc: IpcPaths, log_level: str) -> None:
-    die_with_parent()
+    become_child()
     logging.basicConfig(level=log_level.upper(), format=f"%(asctime)s [rank {rank}] %(levelname)s %(message)s")
     scheduler = build_scheduler(rank, size, port, args)
     if rank == 0:

@@ -1,7 +1,7 @@
 """`python -m minisgl --model M --shell`: chat with the model in this terminal.
 
 The shell starts the ordinary server as a child process (on a free local port) and talks to it over
-HTTP, so it exercises exactly what clients use. /reset clears the history, /exit (or Ctrl-D) quits.
+HTTP, so it exercises exactly what clients use. /reset clears the history, /exit (or Ctrl-D) quits; Ctrl-C stops a reply.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from minisgl.server.args import ServerArgs
 def start_server(argv: list[str]) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "minisgl", *argv, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, start_new_session=True)  # Ctrl-C is the shell's
     url = f"http://127.0.0.1:{port}"
     while proc.poll() is None:
         try:
@@ -62,7 +62,8 @@ def run_shell(args: ServerArgs) -> int:
         while True:
             try:
                 line = input("> ").strip()
-            except EOFError:
+            except (EOFError, KeyboardInterrupt):
+                print()
                 break
             if line == "/exit":
                 break
@@ -71,7 +72,11 @@ def run_shell(args: ServerArgs) -> int:
                 print("history cleared", flush=True)
             elif line:
                 history.append({"role": "user", "content": line})
-                history.append({"role": "assistant", "content": stream_reply(url, model, history)})
+                try:
+                    history.append({"role": "assistant", "content": stream_reply(url, model, history)})
+                except KeyboardInterrupt:  # stop this reply (closing the stream aborts it), keep chatting
+                    history.pop()
+                    print("\n[interrupted]", flush=True)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
