@@ -33,8 +33,12 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None
 
 
+def has_tokenizer(path: Path) -> bool:
+    return any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json"))
+
+
 def load_tokenizer(path: Path):
-    if not any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
+    if not has_tokenizer(path):
         return None
     from transformers import AutoTokenizer
 

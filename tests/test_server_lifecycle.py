@@ -149,3 +149,10 @@ def test_full_waiting_queue_gets_503_with_retry_after(model):
             assert resp.status_code == 200  # the queue drained: accepted again
     finally:
         assert srv.stop() == 0
+
+
+def test_model_without_tokenizer_is_refused_at_startup(tmp_path, model):
+    (tmp_path / "config.json").write_text(open(os.path.join(model, "config.json")).read())
+    proc = subprocess.run([sys.executable, "-m", "minisgl", "--model", str(tmp_path), "--dummy-weight",
+                           "--device", "cpu"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "no tokenizer in" in proc.stderr

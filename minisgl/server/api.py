@@ -284,11 +284,11 @@ async def fan_in(state: ServerState, choices: list[Choice], prompts: list[list[i
 
 
 def usage(choices: list[Choice], prompts: list[list[int]]) -> P.Usage:
-    done = [c.done[0] for c in choices if c.done]
-    cached = {}
-    for c, d in zip(choices, done):
+    finished = [(c, c.done[0]) for c in choices if c.done]
+    cached: dict[int, int] = {}  # per prompt: its choices share the prompt, count its cache hit once
+    for c, d in finished:
         cached[c.prompt] = max(cached.get(c.prompt, 0), d.cached_tokens)
-    completion = sum(d.completion_tokens for d in done)
+    completion = sum(d.completion_tokens for _, d in finished)
     prompt_tokens = sum(len(p) for p in prompts)
     return P.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion, total_tokens=prompt_tokens + completion,
                    prompt_tokens_details=P.PromptTokensDetails(cached_tokens=sum(cached.values())))

@@ -13,10 +13,12 @@ import os
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import uvicorn
 
 from minisgl.distributed import free_port
+from minisgl.llm import has_tokenizer
 from minisgl.models import resolve_model_path
 from minisgl.server.api import ServerState, build_app
 from minisgl.server.args import ServerArgs
@@ -84,6 +86,10 @@ def serve(args: ServerArgs) -> int:
         args.engine.model = str(make_tiny_model(tempfile.mkdtemp(prefix="minisgl-demo-"), arch="qwen3"))
         logger.info("demo: serving a tiny random qwen3 model from %s on the CPU", args.engine.model)
     args.engine.model = str(resolve_model_path(args.engine.model))
+    if not has_tokenizer(Path(args.engine.model)):
+        logger.error("no tokenizer in %s: the server needs one (tokenizer.json / tokenizer_config.json beside "
+                     "config.json); the offline LLM API runs without one, on token ids", args.engine.model)
+        return 2
     ipc = IpcPaths.new()
     children = start_children(args, ipc)
     stopping = threading.Event()

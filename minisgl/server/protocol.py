@@ -194,6 +194,17 @@ class Usage(BaseModel):
         return self.prompt_tokens + self.completion_tokens
 
 
+class _Envelope(BaseModel):
+    """What every response object carries besides its id, object type, choices and usage."""
+
+    created: int = Field(default_factory=_now)
+    model: str
+
+
+def _new_id(prefix: str) -> Any:
+    return Field(default_factory=lambda: f"{prefix}-{uuid.uuid4().hex}")
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
@@ -206,11 +217,9 @@ class ChatChoice(BaseModel):
     finish_reason: str | None = None
 
 
-class ChatCompletionResponse(BaseModel):
-    id: str = Field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
+class ChatCompletionResponse(_Envelope):
+    id: str = _new_id("chatcmpl")
     object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=_now)
-    model: str
     choices: list[ChatChoice]
     usage: Usage
 
@@ -232,11 +241,9 @@ class ChatChunkChoice(BaseModel):
     finish_reason: str | None = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str = Field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
+class ChatCompletionChunk(_Envelope):
+    id: str = _new_id("chatcmpl")
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=_now)
-    model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
 
@@ -248,20 +255,16 @@ class CompletionChoice(BaseModel):
     finish_reason: str | None = None
 
 
-class CompletionResponse(BaseModel):
-    id: str = Field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
+class CompletionResponse(_Envelope):
+    id: str = _new_id("cmpl")
     object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=_now)
-    model: str
     choices: list[CompletionChoice]
     usage: Usage
 
 
-class CompletionChunk(BaseModel):
-    id: str = Field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
+class CompletionChunk(_Envelope):
+    id: str = _new_id("cmpl")
     object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=_now)
-    model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
 
