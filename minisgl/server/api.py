@@ -16,6 +16,7 @@ from typing import AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from minisgl.core import SamplingParams
@@ -96,10 +97,10 @@ def build_app(state: ServerState) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        router = asyncio.create_task(client.run())
-        asyncio.create_task(announce_ready(state))
+        tasks = [asyncio.create_task(client.run()), asyncio.create_task(announce_ready(state))]  # kept: not GC'd
         yield
-        router.cancel()
+        for task in tasks:
+            task.cancel()
 
     app = FastAPI(title="minisgl", lifespan=lifespan)
 
@@ -120,6 +121,11 @@ def build_app(state: ServerState) -> FastAPI:
         where = [str(x) for x in first.get("loc", ()) if x != "body"]
         message = f"{'.'.join(where) + ': ' if where else ''}{first.get('msg', 'invalid request')}"
         return error_response(ApiError(400, message, param=where[0] if where else None))
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception):
+        logger.exception("unexpected error on %s %s", request.method, request.url.path)
+        return error_response(ApiError(500, f"internal error: {type(exc).__name__}", "internal_error"))
 
     @app.exception_handler(HTTPException)
     async def on_http_error(request: Request, exc: HTTPException):
@@ -173,7 +179,10 @@ def build_app(state: ServerState) -> FastAPI:
     @app.post("/tokenize")
     async def tokenize(body: dict):
         if "messages" in body:
-            messages = [P.ChatMessage.model_validate(m) for m in body["messages"]]
+            try:
+                messages = P.TokenizeChat.model_validate(body).messages
+            except ValidationError as exc:
+                raise ApiError(400, f"messages: {exc.errors()[0]['msg']}", param="messages") from None
             ids = apply_chat_template(tokenizer, messages)
         elif isinstance(body.get("prompt"), str):
             ids = tokenizer(body["prompt"], add_special_tokens=False)["input_ids"]

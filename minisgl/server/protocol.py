@@ -61,6 +61,12 @@ class ChatMessage(_Request):
         return "".join(part.text for part in self.content)
 
 
+class TokenizeChat(_Request):
+    """POST /tokenize with a conversation: its token ids after the chat template."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+
+
 class StreamOptions(_Request):
     include_usage: bool = False
 
