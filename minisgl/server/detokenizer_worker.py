@@ -12,7 +12,7 @@ import zmq
 
 from minisgl.scheduler import AbortReq
 from minisgl.server.detokenizer import IncrementalDetokenizer
-from minisgl.server.ipc import DetokRegister, IpcPaths, ReqOutput, TextOutput, become_child, inbox, outbox
+from minisgl.server.ipc import DetokRegister, IpcPaths, Ready, ReqOutput, TextOutput, become_child, inbox, outbox
 
 logger = logging.getLogger("minisgl.detokenizer")
 
@@ -37,6 +37,7 @@ class Detokenizer:
         self.stopped: set[int] = set()  # ended by a stop string; the scheduler's abort is still to come
 
     def run(self) -> None:
+        self.to_api.send_pyobj(Ready("detokenizer"))
         while True:
             message = self.inbox.recv_pyobj()
             if isinstance(message, DetokRegister):

@@ -45,7 +45,8 @@ class EngineClient:
         self.to_scheduler = outbox(ctx, ipc.scheduler)
         self.to_detok = outbox(ctx, ipc.detokenizer)
         self.metrics = metrics
-        self.ready = asyncio.Event()
+        self.ready = asyncio.Event()  # set once the scheduler and the detokenizer both report Ready
+        self.components_ready: set[str] = set()
         self.info: dict = {}
         self.streams: dict[int, asyncio.Queue[TextOutput]] = {}
         self.stats_waiters: dict[int, asyncio.Future] = {}
@@ -58,8 +59,10 @@ class EngineClient:
         while True:
             message = await self.inbox.recv_pyobj()
             if isinstance(message, Ready):
-                self.info = message.info
-                self.ready.set()
+                self.info.update(message.info)
+                self.components_ready.add(message.component)
+                if self.components_ready == {"scheduler", "detokenizer"}:
+                    self.ready.set()
             elif isinstance(message, StatsReply):
                 waiter = self.stats_waiters.pop(message.ask_id, None)
                 if waiter is not None and not waiter.done():

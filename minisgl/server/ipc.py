@@ -2,7 +2,7 @@
 
     api ──AddReq/AbortReq/StatsRequest──▶ scheduler rank 0 ──ReqOutput──▶ detokenizer ──TextOutput──▶ api
     api ──DetokRegister──▶ detokenizer          detokenizer ──AbortReq (stop string hit)──▶ scheduler
-    scheduler ──Ready/StatsReply──▶ api
+    scheduler ──Ready/StatsReply──▶ api          detokenizer ──Ready──▶ api
 
 Each process binds one PULL socket (its inbox) and PUSHes to the others' inboxes. Messages are small
 pickled dataclasses; token ids travel as lists, never tensors.
@@ -104,6 +104,7 @@ class StatsReply:
 
 @dataclass
 class Ready:
-    """Scheduler rank 0 -> api: the model is loaded and warmed up."""
+    """Scheduler rank 0 or detokenizer -> api: this component can take requests."""
 
+    component: str  # "scheduler" | "detokenizer"
     info: dict = field(default_factory=dict)

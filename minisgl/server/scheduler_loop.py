@@ -42,7 +42,7 @@ class SchedulerServer:
     def run(self) -> None:
         self.warm_up()
         engine = self.scheduler.engine
-        self.to_api.send_pyobj(Ready({
+        self.to_api.send_pyobj(Ready("scheduler", {
             "max_seq_len": engine.max_seq_len, "num_pages": engine.num_pages, "page_size": engine.page_size,
             "kv_capacity_tokens": engine.num_pages * engine.page_size, "vocab_size": engine.config.vocab_size,
             "dtype": str(engine.config.dtype).replace("torch.", ""), "device": str(engine.device),
