@@ -60,7 +60,7 @@ def hf_greedy(path: str, prompts: list[list[int]], max_new_tokens: int) -> list[
     outs = []
     with torch.no_grad():
         for prompt in prompts:
-            ids = model.generate(torch.tensor([prompt], device=DEVICE), max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                                 do_sample=False, eos_token_id=None, pad_token_id=0)
+            ids = model.generate(torch.tensor([prompt], device=DEVICE), max_new_tokens=max_new_tokens,
+                                 min_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
             outs.append(ids[0, len(prompt):].tolist())
     return outs

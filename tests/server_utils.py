@@ -9,8 +9,8 @@ import sys
 import time
 
 import httpx
-
 from conftest import DEVICE
+
 from minisgl.distributed import free_port
 
 

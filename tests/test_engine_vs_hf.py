@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import ARCHS, hf_greedy, make_llm, random_prompts
+
 from minisgl import LLM, SamplingParams
 
 LENGTHS = [1, 7, 19, 64, 130, 257, 310, 33]  # 8 prompts, 1 to 300+ tokens

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 import torch
+from conftest import hf_greedy, hf_logprobs, make_llm, random_prompts
 from safetensors.torch import load_file, save_file
 
-from conftest import hf_greedy, hf_logprobs, make_llm, random_prompts
 from minisgl import SamplingParams
 from minisgl.models.loader import ModelLoadError
 from minisgl.tools.tiny_model import make_tiny_model

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 import torch
-
 from conftest import hf_greedy, hf_logprobs, make_llm, random_prompts
+
 from minisgl import LLM, SamplingParams
 
 VOCAB = 400

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import make_llm, random_prompts
+
 from minisgl import LLM, SamplingParams
 from minisgl.core import Req, ReqStatus
 from minisgl.scheduler import AbortReq, AddReq

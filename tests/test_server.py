@@ -9,12 +9,12 @@ import time
 import httpx
 import openai
 import pytest
+from conftest import make_llm
 from prometheus_client.parser import text_string_to_metric_families
+from server_utils import Server, pages_all_free
 from transformers import AutoTokenizer
 
-from conftest import make_llm
 from minisgl import SamplingParams
-from server_utils import Server, pages_all_free
 
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Tell me about caches. 🙂"}]
 

@@ -14,7 +14,6 @@ import time
 
 import httpx
 import pytest
-
 from conftest import DEVICE, random_prompts
 from server_utils import Server
 

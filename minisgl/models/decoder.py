@@ -14,8 +14,16 @@ import torch
 from torch import nn
 
 from minisgl.distributed import TPGroup
-from minisgl.layers import (ColumnParallelLinear, ParallelLMHead, QKVParallelLinear, RMSNorm, RotaryEmbedding,
-                            RowParallelLinear, VocabParallelEmbedding, silu_and_mul)
+from minisgl.layers import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    QKVParallelLinear,
+    RMSNorm,
+    RotaryEmbedding,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    silu_and_mul,
+)
 from minisgl.layers.moe import SparseMoE
 from minisgl.models.config import ModelConfig
 

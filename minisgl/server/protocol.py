@@ -320,7 +320,7 @@ def chat_logprobs(entries: list[LogprobEntry]) -> dict:
     def item(token: str, lp: float) -> dict:
         return {"token": token, "logprob": _lp(lp), "bytes": list(token.encode("utf-8"))}
 
-    return {"content": [item(tok, lp) | {"top_logprobs": [item(t, l) for t, l in top]} for tok, lp, top in entries]}
+    return {"content": [item(tok, lp) | {"top_logprobs": [item(t, alt) for t, alt in top]} for tok, lp, top in entries]}
 
 
 def completion_logprobs(entries: list[LogprobEntry], text_offset_start: int = 0) -> dict:
@@ -332,6 +332,6 @@ def completion_logprobs(entries: list[LogprobEntry], text_offset_start: int = 0)
     return {
         "tokens": [tok for tok, _, _ in entries],
         "token_logprobs": [_lp(lp) for _, lp, _ in entries],
-        "top_logprobs": [{t: _lp(l) for t, l in top} for _, _, top in entries],
+        "top_logprobs": [{t: _lp(alt) for t, alt in top} for _, _, top in entries],
         "text_offset": offsets,
     }

@@ -1,7 +1,8 @@
 """`python -m minisgl --model M --shell`: chat with the model in this terminal.
 
 The shell starts the ordinary server as a child process (on a free local port) and talks to it over
-HTTP, so it exercises exactly what clients use. /reset clears the history, /exit (or Ctrl-D) quits; Ctrl-C stops a reply.
+HTTP, so it exercises exactly what clients use. /reset clears the history, /exit (or Ctrl-D) quits;
+Ctrl-C stops a reply.
 """
 
 from __future__ import annotations

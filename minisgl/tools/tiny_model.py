@@ -13,8 +13,16 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (AutoModelForCausalLM, GenerationConfig, LlamaConfig, PretrainedConfig,
-                          PreTrainedTokenizerFast, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
+from transformers import (
+    AutoModelForCausalLM,
+    GenerationConfig,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
 
 ARCHS: dict[str, type[PretrainedConfig]] = {
     "llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config, "qwen3_moe": Qwen3MoeConfig,
