@@ -201,8 +201,10 @@ class Usage(BaseModel):
 
 
 class _Envelope(BaseModel):
-    """What every response object carries besides its id, object type, choices and usage."""
+    """The head every response object shares, in OpenAI's field order; subclasses set id and object."""
 
+    id: str
+    object: str
     created: int = Field(default_factory=_now)
     model: str
 
