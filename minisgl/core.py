@@ -71,6 +71,23 @@ class SamplingParams:
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
 
+class ContextLengthError(ValueError):
+    """A prompt too long for the context or the KV pool (OpenAI's `context_length_exceeded`)."""
+
+
+def check_prompt(ids: list[int], vocab_size: int, max_seq_len: int, kv_capacity: int) -> None:
+    """Refuse a prompt the engine cannot serve; both fronts (offline LLM, HTTP server) call this."""
+    if not ids:
+        raise ValueError("prompt is empty")
+    if not all(isinstance(t, int) and 0 <= t < vocab_size for t in ids):
+        raise ValueError(f"prompt token ids must be integers in [0, {vocab_size})")
+    if len(ids) >= max_seq_len:
+        raise ContextLengthError(f"this model's maximum context length is {max_seq_len} tokens, but the prompt "
+                                 f"has {len(ids)} tokens, leaving no room to generate")
+    if len(ids) >= kv_capacity:
+        raise ContextLengthError(f"the prompt has {len(ids)} tokens but the KV pool holds only {kv_capacity}")
+
+
 class ReqStatus(enum.Enum):
     WAITING = "waiting"  # queued, holds no pages
     RUNNING = "running"  # holds a table row and pages (prefilling in chunks or decoding)

@@ -15,7 +15,7 @@ from itertools import count
 from pathlib import Path
 from typing import Sequence
 
-from minisgl.core import Req, SamplingParams, TokenLogprob
+from minisgl.core import Req, SamplingParams, TokenLogprob, check_prompt
 from minisgl.distributed import free_port, init_tp_group
 from minisgl.engine.config import EngineArgs
 from minisgl.engine.engine import Engine, resolve_device
@@ -93,17 +93,8 @@ class LLM:
             ids = self.tokenizer(prompt)["input_ids"]
         else:
             ids = list(prompt)
-        vocab, limit = self.engine.config.vocab_size, self.engine.max_seq_len
-        if not ids:
-            raise ValueError("prompt is empty")
-        if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
-        if len(ids) >= limit:
-            raise ValueError(f"prompt has {len(ids)} tokens; the context holds {limit} (max_seq_len), "
-                             f"leaving no room to generate")
-        capacity = self.engine.num_pages * self.engine.page_size
-        if len(ids) >= capacity:
-            raise ValueError(f"prompt has {len(ids)} tokens but the KV pool holds only {capacity}")
+        engine = self.engine
+        check_prompt(ids, engine.config.vocab_size, engine.max_seq_len, engine.num_pages * engine.page_size)
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
         return Req(next(self._rids), ids, params, seed)
 

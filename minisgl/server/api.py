@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
-from minisgl.core import SamplingParams
+from minisgl.core import ContextLengthError, SamplingParams, check_prompt
 from minisgl.server import protocol as P
 from minisgl.server.args import ServerArgs
 from minisgl.server.engine_client import EngineClient, Finished
@@ -73,17 +73,12 @@ class ServerState:
                            "service_unavailable", retry_after=1)
 
     def check_prompt(self, ids: list[int], param: str) -> None:
-        vocab, limit = self.client.info["vocab_size"], self.max_seq_len
-        if any(not 0 <= t < vocab for t in ids):
-            raise ApiError(400, f"token ids must be in [0, {vocab})", param=param)
-        if len(ids) >= limit:
-            raise ApiError(400, f"this model's maximum context length is {limit} tokens, but the prompt has "
-                                f"{len(ids)} tokens, leaving no room to generate", param=param,
-                           code="context_length_exceeded")
-        capacity = self.client.info["kv_capacity_tokens"]
-        if len(ids) >= capacity:
-            raise ApiError(400, f"the prompt has {len(ids)} tokens but the KV cache holds {capacity}", param=param,
-                           code="context_length_exceeded")
+        info = self.client.info
+        try:
+            check_prompt(ids, info["vocab_size"], info["max_seq_len"], info["kv_capacity_tokens"])
+        except ValueError as exc:
+            code = "context_length_exceeded" if isinstance(exc, ContextLengthError) else None
+            raise ApiError(400, str(exc), param=param, code=code) from None
 
     def sampling_params(self, body, ids: list[int]) -> SamplingParams:
         try:
