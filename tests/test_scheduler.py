@@ -105,3 +105,17 @@ def test_request_that_can_never_fit_finishes_instead_of_hanging(tiny_models):
     assert too_big.finish_reason == "length" and too_big.output_ids == []
     assert fine.finish_reason == "length" and len(fine.output_ids) == 3
     pages_accounted(llm)
+
+
+def test_finished_requests_release_their_sampler_rows(tiny_models):
+    """After sampled requests leave, greedy batches no longer pay for random sampling."""
+    llm = make_llm(tiny_models["qwen2"])
+    llm.generate(random_prompts([5, 9], VOCAB), SamplingParams(temperature=0.8, top_p=0.9, max_tokens=4, seed=1))
+    assert not llm.engine.sampler.needs_random
+    params = SamplingParams(temperature=0.8, max_tokens=30, ignore_eos=True)
+    reqs = [Req(200, random_prompts([6], VOCAB)[0], params, seed=0)]
+    llm.scheduler.sync_and_apply([AddReq(r) for r in reqs])
+    run(llm, 2)
+    assert llm.engine.sampler.needs_random  # a running sampled request does need it
+    llm.scheduler.sync_and_apply([AbortReq(200)])
+    assert not llm.engine.sampler.needs_random

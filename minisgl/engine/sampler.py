@@ -64,8 +64,8 @@ class Sampler:
         self.counts: torch.Tensor | None = None  # output token counts (float32)
         self.in_prompt: torch.Tensor | None = None  # prompt token presence (bool)
         self.banned: torch.Tensor | None = None  # ids banned before min_tokens (bool)
-        # Rows that sample randomly / need the sort for top-k or top-p. A finished request's row stays
-        # in until the row is reused, which only costs work, so `sample` can skip work without a sync.
+        # Rows that sample randomly / need the sort for top-k or top-p, so that `sample` can skip that
+        # work without a device sync when no running request needs it.
         self._random: set[int] = set()
         self._sorting: set[int] = set()
 
@@ -97,6 +97,15 @@ class Sampler:
                 self.banned = torch.zeros(self.max_rows, vocab, dtype=torch.bool, device=self.device)
             self.banned[row] = False
             self.banned[row, self._ids(min_tokens_banned)] = True
+
+    def release_row(self, row: int) -> None:
+        """The row's request left: greedy batches after it need not pay for random sampling."""
+        self._random.discard(row)
+        self._sorting.discard(row)
+
+    @property
+    def needs_random(self) -> bool:
+        return bool(self._random)
 
     def process_logits(self, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Steps 2-3 (penalties, min_tokens) on float32 logits; never modifies `logits` in place."""

@@ -151,10 +151,15 @@ class Scheduler:
     def _retract(self, req: Req) -> None:
         """Give back req's pages (into the prefix cache) and requeue it with what it has generated."""
         self.running.remove(req)
-        self.kv.release(req)
+        self._release(req)
         req.status = ReqStatus.WAITING
         self.waiting.appendleft(req)
         self.num_retracted += 1
+
+    def _release(self, req: Req) -> None:
+        """A running request leaves (finished, aborted or retracted): free its sampler row and pages."""
+        self.engine.sampler.release_row(req.row)
+        self.kv.release(req)
 
     def _banned_early(self, req: Req) -> list[int]:
         """Tokens that would end the request, banned while fewer than min_tokens are generated."""
@@ -200,7 +205,7 @@ class Scheduler:
     def _finish(self, req: Req, reason: str) -> None:
         if req.status is ReqStatus.RUNNING:
             self.running.remove(req)
-            self.kv.release(req)
+            self._release(req)
         req.status, req.finish_reason = ReqStatus.FINISHED, reason
         del self.reqs[req.rid]
         self.finished.append(req)
