@@ -149,11 +149,3 @@ class Batch:
 
     reqs: list[Req]
     extend_lens: list[int]
-
-    @property
-    def is_decode(self) -> bool:
-        return all(n == 1 for n in self.extend_lens)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.extend_lens)
