@@ -121,6 +121,7 @@ class Req:
     output_logprobs: list[TokenLogprob] = field(default_factory=list)
     status: ReqStatus = ReqStatus.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort"
+    error: str | None = None  # set (with finish_reason "abort") when handling this request raised
     row: int = -1  # row in the page table while RUNNING
     pages: list[int] = field(default_factory=list)  # physical pages backing all_ids[:kv_len...]
     kv_len: int = 0

@@ -5,6 +5,12 @@ from __future__ import annotations
 import os
 import random
 
+# The same suite runs on a GPU with MINISGL_TEST_DEVICE=cuda (CI runs it on the CPU). On the CPU, Triton
+# kernels run in Triton's interpreter; it must be chosen before any kernel module is imported.
+DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
+if DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import pytest
 import torch
 
@@ -12,8 +18,6 @@ from minisgl import LLM
 from minisgl.tools.tiny_model import make_tiny_model
 
 ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe"]
-# The same suite runs on a GPU with MINISGL_TEST_DEVICE=cuda (CI runs it on the CPU).
-DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="session")

@@ -24,11 +24,18 @@ class ForwardInput:
     extend_lens: torch.Tensor  # [B] new tokens this step
     seq_lens: torch.Tensor  # [B] kv_lens + extend_lens
     last_index: torch.Tensor  # [B] index in T of each request's last token (its logits are sampled)
-    max_extend: int
-    max_seq_len: int
+    max_extend: int  # host-side max of extend_lens
+    max_seq_len: int  # host-side upper bound of seq_lens (exact in eager steps; the engine's limit in CUDA graphs)
+    is_decode: bool = False  # every request feeds exactly one token (T == B): the CUDA-graph case
 
 
 class AttentionBackend(Protocol):
+    """`prepare` runs once per step, `forward` once per layer. A backend with `supports_cuda_graph`
+    must keep `prepare` of a decode batch capturable: device ops only, no host reads of device
+    tensors, and max_seq_len used only as an upper bound."""
+
+    supports_cuda_graph: bool
+
     def prepare(self, batch: ForwardInput) -> Any:
         """Build per-batch metadata once; every layer's forward reuses it."""
 

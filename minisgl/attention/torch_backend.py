@@ -28,6 +28,8 @@ class TorchMeta:
 
 
 class TorchBackend:
+    supports_cuda_graph = False  # shapes depend on max_seq_len
+
     def __init__(self, pool: KVPool, page_table: torch.Tensor):
         self.pool, self.page_table = pool, page_table
 

@@ -67,6 +67,7 @@ class ReqOutput:
     finish_reason: str | None
     prompt_tokens: int
     cached_tokens: int
+    error: str | None = None  # the scheduler failed this request alone (finish_reason "abort")
 
 
 @dataclass

@@ -82,7 +82,7 @@ class SchedulerServer:
                 self.sent[req.rid] = len(req.output_ids)
             self.generated += len(req.output_ids) - start
             outputs.append(ReqOutput(req.rid, req.output_ids[start:], req.output_logprobs[start:], req.finish_reason,
-                                     len(req.prompt_ids), req.cached_tokens))
+                                     len(req.prompt_ids), req.cached_tokens, req.error))
         self.scheduler.progressed = []
         self.scheduler.finished.clear()
         if outputs:
