@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# One GPU session in one go: the test suite on CUDA (engine and server), a streamed completion from a
-# server on the GPU, then the offline benchmarks given as MODEL:WORKLOAD arguments. Logs go to $OUT.
+# One GPU session in one go: GPU tests, a streamed completion from a server on the GPU, then the
+# offline benchmarks given as arguments, and a short table last. Full logs go to $OUT.
+#
+#   bash benchmarks/gpu_check.sh [MODEL:WORKLOAD[:FLAGS]] ...
+#   e.g. qwen3-0.6b:w2  qwen3-8b:w1  qwen3-30b-a3b:w2:--tp=2  qwen3-0.6b:w2:--no-overlap,--cuda-graph-max-bs=0
+#
+# TESTS=subset (default: the fast-path subset, under 4 minutes on one H200) | all | none.
 # Carry .bench_models (a copy of ../shared/models) for benchmarks and .whl (prepare-wheels.sh) for the
-# server packages; TP=2 tests need two GPUs.
+# server packages; TP=2 runs need two GPUs.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if [ -d .whl ]; then
@@ -10,21 +15,44 @@ if [ -d .whl ]; then
   export PYTHONPATH="$HOME/site:$PWD"
 fi
 out=${OUT:-/tmp/minisgl-gpu}; mkdir -p "$out"
-nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpu.txt"
-MINISGL_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$out/tests.log" | tail -5
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+gpus=$(nvidia-smi -L | wc -l)
 
-python3 -m minisgl.tools.tiny_model /tmp/tiny-qwen3 --arch qwen3 > /dev/null
-python3 -m minisgl --model /tmp/tiny-qwen3 --device cuda --port 1919 > "$out/server.log" 2>&1 &
-for _ in $(seq 1 300); do curl -sf localhost:1919/health > /dev/null && break; sleep 0.2; done
-curl -sN localhost:1919/v1/chat/completions -H 'Content-Type: application/json' -d '{"model": "/tmp/tiny-qwen3",
-  "messages": [{"role": "user", "content": "Hello from the H200"}], "max_tokens": 8, "stream": true,
-  "stream_options": {"include_usage": true}}' | tee "$out/stream.txt"
-kill -TERM %1; wait %1; echo "server exit code: $?" | tee -a "$out/server.log"
+subset="tests/test_gpu_fast_path.py tests/test_triton_attention.py tests/test_fused_moe.py tests/test_fused_ops.py
+        tests/test_overlap.py tests/test_engine_vs_hf.py tests/test_sampling_e2e.py tests/test_scheduler.py"
+case ${TESTS:-subset} in
+  subset) tests=$(for f in $subset; do [ -f "$f" ] && echo "$f"; done) ;;
+  all) tests=tests ;;
+  *) tests= ;;
+esac
+if [ -n "$tests" ]; then
+  skip_tp=(); [ "$gpus" -lt 2 ] && skip_tp=(-k "not tensor_parallel and not tp2")
+  start=$SECONDS
+  MINISGL_TEST_DEVICE=cuda timeout 540 python3 -m pytest -q -p no:cacheprovider "${skip_tp[@]}" $tests \
+    > "$out/tests.log" 2>&1
+  echo "tests: $(tail -1 "$out/tests.log") [$((SECONDS - start)) s]" | tee "$out/tests.txt"
+fi
 
-for workload in "$@"; do
-  model=${workload%%:*}; wl=${workload##*:}
-  timeout 300 python3 benchmarks/offline.py --config ".bench_models/$model.json" --workload "$wl" 2>&1 \
-    | tee -a "$out/bench.log" | grep '^{' >> "$out/bench.jsonl"
+if python3 -c "import fastapi, uvicorn, zmq" 2>/dev/null; then
+  python3 -m minisgl.tools.tiny_model /tmp/tiny-qwen3 --arch qwen3 > /dev/null
+  python3 -m minisgl --model /tmp/tiny-qwen3 --device cuda --port 1919 > "$out/server.log" 2>&1 &
+  for _ in $(seq 1 300); do curl -sf localhost:1919/health > /dev/null && break; sleep 0.2; done
+  curl -sN localhost:1919/v1/chat/completions -H 'Content-Type: application/json' -d '{"model": "/tmp/tiny-qwen3",
+    "messages": [{"role": "user", "content": "Hello from the GPU"}], "max_tokens": 8, "stream": true,
+    "stream_options": {"include_usage": true}}' > "$out/stream.txt"
+  kill -TERM %1; wait %1; echo "server exit code: $?" >> "$out/server.log"
+fi
+
+for spec in "$@"; do
+  IFS=: read -r model workload flags <<< "$spec"
+  timeout 420 python3 benchmarks/offline.py --config ".bench_models/$model.json" --workload "$workload" \
+    ${flags//,/ } >> "$out/bench.log" 2>&1
+  tail -1 "$out/bench.log" | grep '^{' >> "$out/bench.jsonl" || echo "{\"model\": \"$model\", \"workload\": \
+\"$workload\", \"flags\": \"$flags\", \"error\": \"see bench.log\"}" >> "$out/bench.jsonl"
 done
-echo "== summary"; tail -1 "$out/tests.log"; grep -a "ready:\|exit code" "$out/server.log"
-cat "$out/bench.jsonl" 2>/dev/null
+
+echo "== summary"
+cat "$out/gpu.txt" "$out/tests.txt" 2>/dev/null
+grep -a "engine built\|warm-up\|ready:\|exit code" "$out/server.log" 2>/dev/null | cut -c1-200
+tail -c 300 "$out/stream.txt" 2>/dev/null; echo
+python3 benchmarks/summary.py "$out/bench.jsonl" 2>/dev/null

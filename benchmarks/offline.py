@@ -2,7 +2,10 @@
 
     python benchmarks/offline.py --config ../shared/models/qwen3-0.6b.json --workload w1 [--attn torch]
 
-Prints one JSON line per workload. Token ids in, token ids out: no tokenizer is needed.
+Workloads: w1 (throughput), w2 (batch-1 decode latency), w3 / w3-nocache (shared prefix, radix or
+naive cache), steps (decode step time at batch 1/8/32/128/256 over 512-token contexts).
+Prints one JSON line per workload, with `ready_s`, the engine's start-up (weights, KV pool, CUDA graph
+capture). Token ids in, token ids out: no tokenizer is needed.
 """
 
 from __future__ import annotations
@@ -42,12 +45,26 @@ def w1(llm: LLM) -> dict:
     return {"workload": "W1", "seconds": round(seconds, 2), "output_tok_s": round(sum(max_tokens) / seconds)}
 
 
+def decode_ms(llm: LLM, prompts: list[list[int]], tokens: int, repeats: int) -> float:
+    """Median milliseconds per decode step: (time for `tokens` tokens - time for 1) / (tokens - 1)."""
+    one, many = (SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (1, tokens))
+    timed(llm, prompts, one)
+    itl = [(timed(llm, prompts, many) - timed(llm, prompts, one)) / (tokens - 1) for _ in range(repeats)]
+    return round(1000 * statistics.median(itl), 3)
+
+
 def w2(llm: LLM) -> dict:
     prompt = [random.Random(1).randint(0, 10000) for _ in range(128)]
-    one, many = (SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (1, 512))
-    timed(llm, [prompt], one)
-    itl = [(timed(llm, [prompt], many) - timed(llm, [prompt], one)) / 511 for _ in range(5)]
-    return {"workload": "W2", "itl_ms": round(1000 * statistics.median(itl), 3)}
+    return {"workload": "W2", "itl_ms": decode_ms(llm, [prompt], 512, 5)}
+
+
+def steps(llm: LLM) -> dict:
+    rng = random.Random(2)
+    out = {}
+    for bs in (1, 8, 32, 128, 256):
+        prompts = [[rng.randint(0, 10000) for _ in range(512)] for _ in range(bs)]
+        out[f"bs{bs}_ms"] = decode_ms(llm, prompts, 65, 3)
+    return {"workload": "steps", **out}
 
 
 def w3(llm: LLM) -> dict:
@@ -63,15 +80,25 @@ def w3(llm: LLM) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="a model config.json (e.g. ../shared/models/*.json)")
-    parser.add_argument("--workload", choices=["w1", "w2", "w3", "w3-nocache"], required=True)
-    parser.add_argument("--attn", default="torch")
+    parser.add_argument("--workload", choices=["w1", "w2", "w3", "w3-nocache", "steps"], required=True)
+    parser.add_argument("--attn", default="auto", help="auto | torch | triton | PREFILL,DECODE")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--cuda-graph-max-bs", type=int, default=256, help="0: no CUDA graphs")
+    parser.add_argument("--no-overlap", action="store_true", help="disable overlap scheduling")
     args = parser.parse_args()
+    start = time.perf_counter()
     llm = LLM(model_dir(args.config), dtype=args.dtype, dummy_weights=True, attention_backend=args.attn,
-              max_seq_len=4096, max_prefill_tokens=16384, max_running_requests=256,
-              cache_type="naive" if args.workload == "w3-nocache" else "radix")
-    run = {"w1": w1, "w2": w2, "w3": w3, "w3-nocache": w3}[args.workload]
-    print(json.dumps({"model": Path(args.config).stem, "attn": args.attn, **run(llm)}), flush=True)
+              tp_size=args.tp, max_seq_len=4096, max_prefill_tokens=16384, max_running_requests=256,
+              cache_type="naive" if args.workload == "w3-nocache" else "radix",
+              cuda_graph_max_bs=args.cuda_graph_max_bs, overlap_schedule=not args.no_overlap)
+    ready = time.perf_counter() - start
+    run = {"w1": w1, "w2": w2, "w3": w3, "w3-nocache": w3, "steps": steps}[args.workload]
+    result = run(llm)
+    llm.shutdown()
+    print(json.dumps({"model": Path(args.config).stem, "tp": args.tp, "attn": args.attn,
+                      "graphs": args.cuda_graph_max_bs, "overlap": not args.no_overlap, "ready_s": round(ready, 1),
+                      **result}), flush=True)
 
 
 if __name__ == "__main__":

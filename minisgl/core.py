@@ -107,10 +107,11 @@ class TokenLogprob:
 class Req:
     """One generation request as the scheduler sees it.
 
-    `kv_len` counts the leading tokens of `all_ids` whose K/V are in the pool. A forward pass feeds
-    `all_ids[kv_len:kv_len + n]`; when that reaches the end of `all_ids` the last logits are sampled.
-    Prefill, chunked prefill, prefix-cache extend, decode and recompute after retraction are all this
-    one rule.
+    `kv_len` counts the leading tokens whose K/V are in the pool (or being written by a step already
+    on the device). A forward pass feeds tokens `kv_len .. kv_len + n - 1`; when that reaches
+    `device_len` the last logits are sampled. Prefill, chunked prefill, prefix-cache extend, decode and
+    recompute after retraction are all this one rule. `in_flight` counts tokens sampled on the device
+    that the host has not seen yet (overlap scheduling): they exist only in the engine's token table.
     """
 
     rid: int
@@ -125,6 +126,7 @@ class Req:
     row: int = -1  # row in the page table while RUNNING
     pages: list[int] = field(default_factory=list)  # physical pages backing all_ids[:kv_len...]
     kv_len: int = 0
+    in_flight: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (best over admissions)
     cache_handle: object = None  # the prefix-cache node locked for this request
 
@@ -141,12 +143,25 @@ class Req:
 
     @property
     def seq_len(self) -> int:
+        """Tokens the host knows."""
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def device_len(self) -> int:
+        """Tokens the device knows: the host's plus those sampled and not yet seen."""
+        return self.seq_len + self.in_flight
 
 
 @dataclass
 class Batch:
-    """What one forward pass computes: for each request, `extend_lens[i]` new tokens from its kv_len."""
+    """What one forward pass computes: request i feeds `extend_lens[i]` tokens from position
+    `kv_lens[i]`; the requests at indices `sampled` reach their device_len and get a new token."""
 
     reqs: list[Req]
+    kv_lens: list[int]
     extend_lens: list[int]
+    sampled: list[int]
+
+    @property
+    def is_decode(self) -> bool:
+        return all(n == 1 for n in self.extend_lens)

@@ -48,10 +48,12 @@ def load_tokenizer(path: Path):
 class LLM:
     def __init__(self, model: str, device: str = "auto", dtype: str = "auto", tp_size: int = 1, page_size: int = 1,
                  max_prefill_tokens: int = 8192, cache_type: str = "radix", num_pages: int | None = None,
-                 max_running_requests: int = 256, attention_backend: str = "torch", max_seq_len: int | None = None,
-                 memory_ratio: float = 0.9, dummy_weights: bool = False):
+                 max_running_requests: int = 256, attention_backend: str = "auto", max_seq_len: int | None = None,
+                 memory_ratio: float = 0.9, dummy_weights: bool = False, cuda_graph_max_bs: int = 256,
+                 overlap_schedule: bool = True):
         args = EngineArgs(str(model), device, dtype, tp_size, page_size, max_prefill_tokens, cache_type, num_pages,
-                          max_running_requests, attention_backend, max_seq_len, memory_ratio, dummy_weights)
+                          max_running_requests, attention_backend, max_seq_len, memory_ratio, dummy_weights,
+                          cuda_graph_max_bs, overlap_schedule)
         port = free_port()
         spawn = multiprocessing.get_context("spawn")
         self._followers = [spawn.Process(target=run_follower, args=(rank, tp_size, port, args), daemon=True)

@@ -40,7 +40,8 @@ class TorchBackend:
         pages = self.page_table[batch.rows][:, pos // ps].long()  # [B, L]
         valid = pos[None, :] < batch.seq_lens[:, None]
         kv_slots = torch.where(valid, pages * ps + pos % ps, self.pool.scratch_page * ps)
-        batch_index = torch.repeat_interleave(torch.arange(b, device=device), batch.extend_lens)
+        batch_index = torch.repeat_interleave(torch.arange(b, device=device), batch.extend_lens,
+                                              output_size=batch.input_ids.numel())
         starts = torch.cumsum(batch.extend_lens, 0) - batch.extend_lens
         query_index = torch.arange(batch.input_ids.numel(), device=device) - starts[batch_index]
         query_pos = batch.kv_lens[:, None] + torch.arange(q, device=device)[None, :]  # [B, Q]

@@ -16,10 +16,12 @@ class EngineArgs:
     cache_type: str = "radix"  # radix | naive
     num_pages: int | None = None  # None: size the pool from memory left after the weights
     max_running_requests: int = 256
-    attention_backend: str = "torch"
+    attention_backend: str = "auto"  # auto (triton on CUDA, torch on CPU) | NAME | PREFILL,DECODE
     max_seq_len: int | None = None  # None: the model's max_position_embeddings
     memory_ratio: float = 0.9  # share of the device's memory the process may fill (GPU)
     dummy_weights: bool = False
+    cuda_graph_max_bs: int = 256  # largest decode batch replayed from a CUDA graph; 0 turns graphs off
+    overlap_schedule: bool = True  # build step N+1 on the CPU while the device runs step N
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, rule: str) -> None:
@@ -36,3 +38,4 @@ class EngineArgs:
         check(self.max_running_requests >= 1, "max_running_requests", ">= 1")
         check(self.max_seq_len is None or self.max_seq_len >= 2, "max_seq_len", "None or >= 2")
         check(0 < self.memory_ratio <= 1, "memory_ratio", "in (0, 1]")
+        check(self.cuda_graph_max_bs >= 0, "cuda_graph_max_bs", ">= 0")

@@ -1,12 +1,16 @@
-"""The engine: weights, KV pool, page table, attention backend and sampler on one device.
+"""The engine: weights, KV pool, page and token tables, attention backends and sampler on one device.
 
-It knows nothing of queues or requests' life cycles: the scheduler hands it a Batch, it runs one
-forward pass and samples a token for every request whose input reached its end.
+It knows nothing of queues or requests' life cycles: the scheduler hands it a Batch, and `launch`
+enqueues one forward pass plus sampling on the device and returns at once. Every input token is read
+on the device from the token table (`token_table[row, position]`), where admission writes the prompt
+and sampling writes each new token, so the next step can be enqueued before the host has seen this
+step's tokens (overlap scheduling). The host learns them through one device->host copy per step.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +20,8 @@ from minisgl.attention import ForwardInput, make_backend
 from minisgl.core import Batch
 from minisgl.distributed import TPGroup
 from minisgl.engine.config import EngineArgs
-from minisgl.engine.sampler import SampleOutput, Sampler
+from minisgl.engine.cuda_graph import DecodeGraphs
+from minisgl.engine.sampler import Sampler
 from minisgl.kvcache.pool import KVPool
 from minisgl.models import load_model, resolve_model_path
 
@@ -34,37 +39,77 @@ def resolve_device(name: str, rank: int) -> torch.device:
     return torch.device(name)
 
 
-@dataclass
-class StepOutput:
-    """Sampled tokens, in batch order, for the requests whose input reached its end."""
+def backend_names(spec: str, device: torch.device) -> tuple[str, str]:
+    """`--attn` as (prefill backend, decode backend): 'auto', 'NAME' or 'PREFILL,DECODE'."""
+    names = [n.strip() for n in spec.split(",")]
+    if len(names) not in (1, 2):
+        raise ValueError(f"attention backend must be 'NAME' or 'PREFILL,DECODE', got {spec!r}")
+    auto = "triton" if device.type == "cuda" else "torch"
+    names = [auto if n == "auto" else n for n in names]
+    return names[0], names[-1]
 
-    sampled: list[int]  # indices into batch.reqs
-    samples: SampleOutput
+
+@dataclass
+class StepResult:
+    """Host copies of what one step sampled, in the order of `Batch.sampled`."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None
+    top_ids: list[list[int]] | None
+    top_logprobs: list[list[float]] | None
+
+
+class LaunchedStep:
+    """A step enqueued on the device; `result()` waits for its device->host copy only."""
+
+    def __init__(self, batch: Batch, host: list[torch.Tensor | None], done: torch.cuda.Event | None):
+        self.batch, self._host, self._done = batch, host, done
+
+    def result(self) -> StepResult:
+        if self._done is not None:
+            self._done.synchronize()
+        return StepResult(*(t.tolist() if t is not None else None for t in self._host))
 
 
 class Engine:
     def __init__(self, args: EngineArgs, tp: TPGroup, device: torch.device):
         self.args, self.tp, self.device = args, tp, device
+        start = time.perf_counter()
         self.model_path = resolve_model_path(args.model)
         self.model = load_model(self.model_path, tp, device, args.dtype, dummy=args.dummy_weights)
         config = self.config = self.model.config
         self.max_seq_len = min(args.max_seq_len or config.max_position_embeddings, config.max_position_embeddings)
         attn = self.model.model.layers[0].self_attn
         self.page_size = args.page_size
-        self.num_pages = args.num_pages or self._pages_from_memory(attn.kv_heads, config.head_dim)
+        prefill_name, decode_name = backend_names(args.attention_backend, device)
+        graph_bs = min(args.cuda_graph_max_bs, args.max_running_requests) if device.type == "cuda" else 0
+        self.num_pages = args.num_pages or self._pages_from_memory(attn.kv_heads, config.head_dim, graph_bs)
         self.pool = KVPool(config.num_layers, self.num_pages, args.page_size, attn.kv_heads, config.head_dim,
                            config.dtype, device)
-        pages_per_seq = -(-self.max_seq_len // args.page_size)
-        self.page_table = torch.zeros(args.max_running_requests, pages_per_seq, dtype=torch.int32, device=device)
-        self.backend = make_backend(args.attention_backend, self.pool, self.page_table)
-        self.sampler = Sampler(args.max_running_requests, config.vocab_size, device)
+        # One row per running request, plus a last row that CUDA-graph padding points at: its pages
+        # are the pool's scratch page, and its tokens are zeros.
+        rows = args.max_running_requests + 1
+        self.pad_row = rows - 1
+        pages_per_seq = -(-(self.max_seq_len + 1) // args.page_size)
+        self.page_table = torch.zeros(rows, pages_per_seq, dtype=torch.int32, device=device)
+        self.page_table[self.pad_row] = self.pool.scratch_page
+        self.token_table = torch.zeros(rows, self.max_seq_len + 1, dtype=torch.int32, device=device)
+        self.prefill_backend = make_backend(prefill_name, self.pool, self.page_table)
+        self.decode_backend = (self.prefill_backend if decode_name == prefill_name
+                               else make_backend(decode_name, self.pool, self.page_table))
+        self.sampler = Sampler(rows, config.vocab_size, device)
+        self.load_seconds = time.perf_counter() - start
+        self.graphs: DecodeGraphs | None = None
+        if graph_bs > 0 and self.decode_backend.supports_cuda_graph:
+            self.graphs = DecodeGraphs(self._decode_logits, graph_bs, self.pad_row, device)
 
-    def _pages_from_memory(self, kv_heads: int, head_dim: int) -> int:
-        """Fill what `memory_ratio` of the device leaves after the weights; the same on every rank."""
+    def _pages_from_memory(self, kv_heads: int, head_dim: int, graph_bs: int) -> int:
+        """Fill what `memory_ratio` of the device leaves after the weights and a reserve for the CUDA
+        graphs' activations; the same on every rank."""
         per_token = KVPool.bytes_per_token(self.config.num_layers, kv_heads, head_dim, self.config.dtype)
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
-            budget = free - total * (1 - self.args.memory_ratio)
+            budget = free - total * (1 - self.args.memory_ratio) - self._graph_reserve(graph_bs)
         else:
             budget = CPU_KV_BUDGET
         pages = int(budget // (per_token * self.args.page_size))
@@ -77,41 +122,91 @@ class Engine:
                                f"raise memory_ratio or set num_pages")
         return pages
 
-    def make_input(self, batch: Batch) -> ForwardInput:
-        reqs, lens = batch.reqs, batch.extend_lens
-        ids: list[int] = []
-        for req, n in zip(reqs, lens):
-            ids += req.tokens(req.kv_len, req.kv_len + n)
-        kv = [r.kv_len for r in reqs]
-        input_ids = torch.tensor(ids, dtype=torch.int64).to(self.device)
-        kv_lens, extend_lens, rows = torch.tensor([kv, lens, [r.row for r in reqs]]).to(self.device)
-        owner = torch.repeat_interleave(torch.arange(len(reqs), device=self.device), extend_lens)
-        ends = torch.cumsum(extend_lens, 0)
-        positions = kv_lens[owner] + torch.arange(len(ids), device=self.device) - (ends - extend_lens)[owner]
-        pages = self.page_table[rows[owner], positions // self.page_size].long()
+    def _graph_reserve(self, graph_bs: int) -> int:
+        """Bytes the decode graphs keep: the largest batch's logits (model dtype, and float32 while
+        sampling) and its widest activations, with a margin. The real figure is logged at capture."""
+        c = self.config
+        widest = max(c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim) * 4
+        return graph_bs * (c.vocab_size * 10 + widest * c.dtype.itemsize) + (64 << 20) if graph_bs else 0
+
+    # ---- inputs ---------------------------------------------------------------------------------
+
+    def load_tokens(self, row: int, start: int, ids: list[int]) -> None:
+        """Write a request's known tokens from `start` on into its token-table row (at admission)."""
+        if ids:
+            host = torch.tensor(ids, dtype=torch.int32)
+            self.token_table[row, start: start + len(ids)] = host.to(self.device, non_blocking=True)
+
+    def _slots(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        ps = self.page_size
+        return self.page_table[rows, positions // ps].long() * ps + positions % ps
+
+    def decode_input(self, rows: torch.Tensor, kv_lens: torch.Tensor, max_seq_len: int) -> ForwardInput:
+        """One token per request, built on the device from rows and kv_lens alone (CUDA-graph safe)."""
+        bs = rows.shape[0]
         return ForwardInput(
-            input_ids=input_ids, positions=positions, out_slots=pages * self.page_size + positions % self.page_size,
-            rows=rows, kv_lens=kv_lens, extend_lens=extend_lens, seq_lens=kv_lens + extend_lens,
-            last_index=ends - 1, max_extend=max(lens), max_seq_len=max(k + n for k, n in zip(kv, lens)))
+            input_ids=self.token_table[rows, kv_lens].long(), positions=kv_lens, out_slots=self._slots(rows, kv_lens),
+            rows=rows, kv_lens=kv_lens, extend_lens=torch.ones_like(kv_lens), seq_lens=kv_lens + 1,
+            last_index=torch.arange(bs, device=rows.device), max_extend=1, max_seq_len=max_seq_len, is_decode=True)
+
+    def extend_input(self, batch: Batch) -> ForwardInput:
+        """Any mix of prefill chunks, prefix-cache extends and decodes, with one host->device copy."""
+        lens, total = batch.extend_lens, sum(batch.extend_lens)
+        meta = torch.tensor([[r.row for r in batch.reqs], batch.kv_lens, lens]).to(self.device, non_blocking=True)
+        rows, kv_lens, extend_lens = meta
+        arange = torch.arange(total, device=self.device)
+        owner = torch.repeat_interleave(torch.arange(len(lens), device=self.device), extend_lens, output_size=total)
+        ends = torch.cumsum(extend_lens, 0)
+        positions = kv_lens[owner] + arange - (ends - extend_lens)[owner]
+        return ForwardInput(
+            input_ids=self.token_table[rows[owner], positions].long(), positions=positions,
+            out_slots=self._slots(rows[owner], positions), rows=rows, kv_lens=kv_lens, extend_lens=extend_lens,
+            seq_lens=kv_lens + extend_lens, last_index=ends - 1, max_extend=max(lens),
+            max_seq_len=max(k + n for k, n in zip(batch.kv_lens, lens)))
+
+    # ---- forward --------------------------------------------------------------------------------
+
+    def _logits(self, inputs: ForwardInput, backend) -> torch.Tensor:
+        meta = backend.prepare(inputs)
+        hidden = self.model(inputs.input_ids, inputs.positions,
+                            lambda layer, q, k, v: backend.forward(layer, q, k, v, meta))
+        return self.model.compute_logits(hidden[inputs.last_index])
+
+    def _decode_logits(self, rows: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor:
+        """What a decode graph captures: inputs from the tables, the model, the logits."""
+        return self._logits(self.decode_input(rows, kv_lens, self.max_seq_len), self.decode_backend)
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits [B, vocab] at each request's last new token."""
-        inputs = self.make_input(batch)
-        meta = self.backend.prepare(inputs)
-        hidden = self.model(inputs.input_ids, inputs.positions,
-                            lambda layer, q, k, v: self.backend.forward(layer, q, k, v, meta))
-        return self.model.compute_logits(hidden[inputs.last_index])
+        if batch.is_decode:
+            kv = batch.kv_lens
+            if self.graphs is not None and len(kv) <= self.graphs.max_bs:
+                return self.graphs.replay([r.row for r in batch.reqs], kv)
+            meta = torch.tensor([[r.row for r in batch.reqs], kv]).to(self.device, non_blocking=True)
+            return self._logits(self.decode_input(meta[0], meta[1], max(kv) + 1), self.decode_backend)
+        return self._logits(self.extend_input(batch), self.prefill_backend)
 
     @torch.inference_mode()
-    def step(self, batch: Batch) -> StepOutput | None:
-        """Forward the batch and sample for requests that reach the end of their known tokens."""
+    def launch(self, batch: Batch) -> LaunchedStep:
+        """Enqueue the forward pass and sampling; sampled tokens go into the token table on the device
+        and into pinned host memory, which `LaunchedStep.result()` waits for."""
         logits = self.forward(batch)
-        sampled = [i for i, (r, n) in enumerate(zip(batch.reqs, batch.extend_lens)) if r.kv_len + n == r.seq_len]
-        if not sampled:
-            return None
-        reqs = [batch.reqs[i] for i in sampled]
+        picked = batch.sampled
+        if not picked:
+            return LaunchedStep(batch, [torch.zeros(0, dtype=torch.int64), None, None, None], None)
+        reqs = [batch.reqs[i] for i in picked]
+        if len(picked) < len(batch.reqs):
+            logits = logits[torch.tensor(picked).to(self.device, non_blocking=True)]
         top_n = max((r.params.logprobs for r in reqs if r.params.logprobs is not None), default=None)
-        rows = torch.tensor([r.row for r in reqs], dtype=torch.int64).to(self.device)
-        index = torch.tensor(sampled, dtype=torch.int64).to(self.device)
-        return StepOutput(sampled, self.sampler.sample(logits[index], rows, top_n))
+        where = torch.tensor([[r.row for r in reqs], [batch.kv_lens[i] + batch.extend_lens[i] for i in picked]])
+        rows, next_pos = where.to(self.device, non_blocking=True)
+        out = self.sampler.sample(logits, rows, top_n)
+        self.token_table[rows, next_pos] = out.token_ids.int()
+        host = [t.to("cpu", non_blocking=True) if t is not None else None
+                for t in (out.token_ids, out.logprobs, out.top_ids, out.top_logprobs)]
+        done = None
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+        return LaunchedStep(batch, host, done)

@@ -15,12 +15,12 @@ from minisgl.kvcache.prefix_cache import PrefixCache
 
 
 class KVCacheManager:
-    def __init__(self, num_pages: int, page_size: int, cache: PrefixCache, page_table: torch.Tensor):
+    def __init__(self, num_pages: int, page_size: int, cache: PrefixCache, page_table: torch.Tensor, num_rows: int):
         self.page_size = page_size
         self.allocator = PageAllocator(num_pages)
         self.cache = cache
-        self.page_table = page_table  # [max_rows, max_pages_per_seq] int32, on the model's device
-        self.free_rows = list(range(page_table.shape[0] - 1, -1, -1))
+        self.page_table = page_table  # [rows, max_pages_per_seq] int32, on the model's device
+        self.free_rows = list(range(num_rows - 1, -1, -1))  # rows past num_rows are not for requests
 
     @property
     def available_pages(self) -> int:
@@ -60,8 +60,11 @@ class KVCacheManager:
 
     def release(self, req: Req) -> None:
         """Return everything `req` holds: full pages of computed tokens go to the prefix cache (where
-        a later request, or this one after retraction, can reuse them), the rest to the free list."""
-        full = req.kv_len // self.page_size
+        a later request, or this one after retraction, can reuse them), the rest to the free list.
+        Only tokens the host knows are cached: with overlap scheduling the last one may still be in
+        flight (its K/V are written by a step still queued on the device, which runs before any later
+        step that could read these pages)."""
+        full = min(req.kv_len, req.seq_len) // self.page_size
         tokens = req.all_ids[: full * self.page_size]
         self.allocator.free(self.cache.insert(tokens, req.pages[:full]))
         self.allocator.free(req.pages[full:])

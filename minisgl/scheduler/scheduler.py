@@ -1,7 +1,15 @@
-"""Continuous batching: admit, build a batch, run the engine, commit tokens, finish, retract.
+"""Continuous batching: admit, build a batch, launch it, commit tokens, finish, retract.
 
 One instance runs per TP rank. Rank 0 receives the messages and broadcasts them, so every rank
 applies the same messages in the same order and takes the same decisions (lists, never sets).
+
+With overlap scheduling each tick launches step N and only then reads step N-1's tokens, so the CPU
+builds a batch and post-processes the last one while the device computes. The consequences, each
+handled where it arises: a request may finish (EOS) after it was already put into step N, which then
+computes one token for nothing; a request aborted, failed or retracted while its token is in flight
+frees its pages at once (any later step that reuses them runs after step N on the same stream), and
+its late token is committed or dropped when step N-1 is read; only tokens the host knows enter the
+prefix cache.
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ from dataclasses import dataclass
 
 from minisgl.core import Batch, Req, ReqStatus, TokenLogprob
 from minisgl.distributed import TPGroup
-from minisgl.engine.engine import Engine, StepOutput
+from minisgl.engine.engine import Engine, LaunchedStep, StepResult
 from minisgl.kvcache import KVCacheManager, make_prefix_cache
 
 logger = logging.getLogger(__name__)
@@ -39,14 +47,16 @@ class Scheduler:
         self.engine, self.tp = engine, tp
         self.max_prefill_tokens = args.max_prefill_tokens
         self.max_running = args.max_running_requests
+        self.overlap = args.overlap_schedule
         self.eos_ids = set(engine.config.eos_token_ids)
         self.kv = KVCacheManager(engine.num_pages, args.page_size, make_prefix_cache(args.cache_type, args.page_size),
-                                 engine.page_table)
+                                 engine.page_table, args.max_running_requests)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []  # admission order: the last one is the cheapest to retract
         self.reqs: dict[int, Req] = {}
+        self.in_flight: LaunchedStep | None = None  # launched, results not read yet (overlap only)
         self.finished: list[Req] = []  # finished since the caller last drained it
-        self.progressed: list[Req] = []  # got a token in the last step and still running (for streaming)
+        self.progressed: list[Req] = []  # got tokens in the last tick and still running (for streaming)
         self.num_retracted = 0
         self.cache_hit_tokens = 0  # prompt tokens served from the prefix cache, over first admissions
         self.prompt_tokens_admitted = 0
@@ -67,11 +77,8 @@ class Scheduler:
 
     def abort(self, rid: int) -> None:
         req = self.reqs.get(rid)
-        if req is None:
-            return
-        if req.status is ReqStatus.WAITING:
-            self.waiting.remove(req)
-        self._finish(req, "abort")
+        if req is not None:
+            self._finish(req, "abort")
 
     def tick(self, messages: list | None) -> None:
         """One lockstep iteration, identical on every rank: agree on the messages, then step if there
@@ -82,15 +89,28 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.in_flight)
 
     # ---- one step -------------------------------------------------------------------------------
 
     def step(self) -> None:
+        """Launch the next batch, then read the previous one (overlap) or this one (no overlap)."""
         self.progressed = []
+        launched = self._launch()
+        if self.overlap:
+            launched, self.in_flight = self.in_flight, launched
+        if launched is not None:
+            self._commit(launched)
+
+    def _launch(self) -> LaunchedStep | None:
         batch = self._prefill_batch() or self._decode_batch()
-        if batch is not None:
-            self._commit(batch, self.engine.step(batch))
+        if batch is None:
+            return None
+        for req, n in zip(batch.reqs, batch.extend_lens):
+            req.kv_len += n
+        for i in batch.sampled:
+            batch.reqs[i].in_flight += 1
+        return self.engine.launch(batch)
 
     def _prefill_batch(self) -> Batch | None:
         """Requests with more than their last token to compute, in order, within the token budget:
@@ -99,7 +119,7 @@ class Scheduler:
         reqs: list[Req] = []
         lens: list[int] = []
         for req in self.running:
-            todo = req.seq_len - req.kv_len
+            todo = req.device_len - req.kv_len
             if todo > 1 and budget > 0:
                 n = min(todo, budget)
                 if not self.kv.reserve(req, n):
@@ -109,44 +129,70 @@ class Scheduler:
                 budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_running:
             req = self.waiting[0]
-            self.kv.admit(req)
-            n = min(req.seq_len - req.kv_len, budget)
-            # Leave a page per running request, so the next decode step does not have to retract.
-            need = self.kv.pages_for(req.kv_len + n) - len(req.pages)
-            if need + len(self.running) > self.kv.available_pages:
-                self.kv.release(req)
-                if not self.running:  # the whole pool is not enough: it can never run
-                    self.waiting.popleft()
-                    self._finish(req, "length")
-                    continue
+            if req.in_flight:  # retracted while its last token was in flight: wait for that token
                 break
-            self.kv.reserve(req, n)
-            self.waiting.popleft()
-            req.status = ReqStatus.RUNNING
-            if not req.output_ids:  # first admission (not a retracted request coming back)
-                self.cache_hit_tokens += req.kv_len
-                self.prompt_tokens_admitted += len(req.prompt_ids)
-            self.engine.sampler.prepare_row(req.row, req.params, req.seed, req.prompt_ids, req.output_ids,
-                                            self._banned_early(req))
-            self.running.append(req)
+            try:
+                n = self._admit(req, budget)
+            except Exception as exc:  # this request's own fault: fail it alone
+                self._fail(req, exc)
+                continue
+            if n is None:
+                break
+            if n == 0:  # finished instead: it can never fit
+                continue
             reqs.append(req)
             lens.append(n)
             budget -= n
-        return Batch(reqs, lens) if reqs else None
+        return self._batch(reqs, lens) if reqs else None
+
+    def _admit(self, req: Req, budget: int) -> int | None:
+        """Move the first waiting request into running with pages for its first chunk; returns the
+        chunk's length, None when it must wait for pages, 0 when it can never fit (finished)."""
+        self.kv.admit(req)
+        n = min(req.seq_len - req.kv_len, budget)
+        # Leave a page per running request, so the next decode step does not have to retract.
+        need = self.kv.pages_for(req.kv_len + n) - len(req.pages)
+        if need + len(self.running) > self.kv.available_pages:
+            self.kv.release(req)
+            if not self.running:  # the whole pool is not enough: it can never run
+                self._finish(req, "length")
+                return 0
+            return None
+        self.kv.reserve(req, n)
+        self.engine.load_tokens(req.row, req.kv_len, req.tokens(req.kv_len, req.seq_len))
+        self.engine.sampler.prepare_row(req.row, req.params, req.seed, req.prompt_ids, req.output_ids,
+                                        self._banned_early(req))
+        self.waiting.popleft()
+        req.status = ReqStatus.RUNNING
+        if not req.output_ids:  # first admission (not a retracted request coming back)
+            self.cache_hit_tokens += req.kv_len
+            self.prompt_tokens_admitted += len(req.prompt_ids)
+        self.running.append(req)
+        return n
 
     def _decode_batch(self) -> Batch | None:
         """Every running request advances by one token; out of pages, retract the newest."""
         i = 0
         while i < len(self.running):
             req = self.running[i]
-            if self.kv.reserve(req, 1):
+            if self._awaits_last_token(req) or self.kv.reserve(req, 1):
                 i += 1
             elif len(self.running) > 1:
                 self._retract(self.running[-1])
             else:  # even alone it does not fit: the pool is smaller than this sequence
                 logger.warning("request %d needs more KV pages than the pool has; finishing it", req.rid)
                 self._finish(req, "length")
-        return Batch(list(self.running), [1] * len(self.running)) if self.running else None
+        reqs = [r for r in self.running if not self._awaits_last_token(r)]
+        return self._batch(reqs, [1] * len(reqs)) if reqs else None
+
+    def _batch(self, reqs: list[Req], lens: list[int]) -> Batch:
+        sampled = [i for i, (r, n) in enumerate(zip(reqs, lens)) if r.kv_len + n == r.device_len]
+        return Batch(reqs, [r.kv_len for r in reqs], lens, sampled)
+
+    def _awaits_last_token(self, req: Req) -> bool:
+        """Its in-flight token is its last one (max_tokens or the length limit): nothing to compute."""
+        return req.in_flight > 0 and (len(req.output_ids) + req.in_flight >= req.params.max_tokens
+                                      or req.device_len >= self.engine.max_seq_len)
 
     def _retract(self, req: Req) -> None:
         """Give back req's pages (into the prefix cache) and requeue it with what it has generated."""
@@ -157,9 +203,11 @@ class Scheduler:
         self.num_retracted += 1
 
     def _release(self, req: Req) -> None:
-        """A running request leaves (finished, aborted or retracted): free its sampler row and pages."""
-        self.engine.sampler.release_row(req.row)
-        self.kv.release(req)
+        """A request leaves the device (finished, aborted, failed or retracted): free its sampler row
+        and pages, if it holds any."""
+        if req.row != -1:
+            self.engine.sampler.release_row(req.row)
+            self.kv.release(req)
 
     def _banned_early(self, req: Req) -> list[int]:
         """Tokens that would end the request, banned while fewer than min_tokens are generated."""
@@ -170,28 +218,32 @@ class Scheduler:
 
     # ---- results ---------------------------------------------------------------------------------
 
-    def _commit(self, batch: Batch, out: StepOutput | None) -> None:
-        for req, n in zip(batch.reqs, batch.extend_lens):
-            req.kv_len += n
-        if out is None:
-            return
-        samples = out.samples
-        tokens = samples.token_ids.tolist()
-        logprobs = samples.logprobs.tolist() if samples.logprobs is not None else None
-        top_ids = samples.top_ids.tolist() if samples.top_ids is not None else None
-        top_lps = samples.top_logprobs.tolist() if samples.top_logprobs is not None else None
-        for j, i in enumerate(out.sampled):
+    def _commit(self, step: LaunchedStep) -> None:
+        """Append the step's sampled tokens and finish the requests they end."""
+        result, batch = step.result(), step.batch
+        for j, i in enumerate(batch.sampled):
             req = batch.reqs[i]
-            req.output_ids.append(tokens[j])
-            if req.params.logprobs is not None:
-                n = req.params.logprobs
-                req.output_logprobs.append(TokenLogprob(tokens[j], logprobs[j],
-                                                        list(zip(top_ids[j][:n], top_lps[j][:n]))))
-            reason = self._stop_reason(req, tokens[j])
+            req.in_flight -= 1
+            if req.status is ReqStatus.FINISHED:  # aborted or failed while this token was in flight
+                continue
+            try:
+                reason = self._append(req, result, j)
+            except Exception as exc:
+                self._fail(req, exc)
+                continue
             if reason:
                 self._finish(req, reason)
             else:
                 self.progressed.append(req)
+
+    def _append(self, req: Req, result: StepResult, j: int) -> str | None:
+        token = result.token_ids[j]
+        req.output_ids.append(token)
+        if req.params.logprobs is not None:
+            n = req.params.logprobs
+            req.output_logprobs.append(TokenLogprob(token, result.logprobs[j],
+                                                    list(zip(result.top_ids[j][:n], result.top_logprobs[j][:n]))))
+        return self._stop_reason(req, token)
 
     def _stop_reason(self, req: Req, token: int) -> str | None:
         params, generated = req.params, len(req.output_ids)
@@ -202,10 +254,20 @@ class Scheduler:
             return "length"
         return None
 
+    def _fail(self, req: Req, exc: Exception) -> None:
+        """Handling this one request raised: it ends with its error, the others go on."""
+        logger.exception("request %d failed; finishing it alone", req.rid)
+        req.error = f"{type(exc).__name__}: {exc}"
+        self._finish(req, "abort")
+
     def _finish(self, req: Req, reason: str) -> None:
+        if req.status is ReqStatus.FINISHED:
+            return
         if req.status is ReqStatus.RUNNING:
             self.running.remove(req)
-            self._release(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self._release(req)
         req.status, req.finish_reason = ReqStatus.FINISHED, reason
         del self.reqs[req.rid]
         self.finished.append(req)

@@ -21,7 +21,13 @@ IDLE_POLL_MS = 50  # how long an idle rank 0 waits for messages before looping (
 def run_scheduler(rank: int, size: int, port: int, args: EngineArgs, ipc: IpcPaths, log_level: str) -> None:
     become_child()
     logging.basicConfig(level=log_level.upper(), format=f"%(asctime)s [rank {rank}] %(levelname)s %(message)s")
+    start = time.perf_counter()
     scheduler = build_scheduler(rank, size, port, args)
+    engine = scheduler.engine
+    graphs = engine.graphs
+    logger.info("engine built in %.1f s: weights and KV pool %.1f s, CUDA graphs %s", time.perf_counter() - start,
+                engine.load_seconds, f"{graphs.capture_seconds:.1f} s ({graphs.memory_bytes / 2**20:.0f} MiB)"
+                if graphs else "off")
     if rank == 0:
         SchedulerServer(scheduler, ipc).run()
     else:
@@ -40,7 +46,9 @@ class SchedulerServer:
         self.last_stats = time.monotonic()
 
     def run(self) -> None:
+        start = time.perf_counter()
         self.warm_up()
+        logger.info("warm-up %.1f s", time.perf_counter() - start)
         engine = self.scheduler.engine
         self.to_api.send_pyobj(Ready("scheduler", {
             "max_seq_len": engine.max_seq_len, "num_pages": engine.num_pages, "page_size": engine.page_size,

@@ -1,0 +1,73 @@
+"""The GPU fast path (Triton kernels, CUDA graphs, overlap) against the references, in bf16.
+
+Collected only with MINISGL_TEST_DEVICE=cuda (see conftest.py). bf16 rounding can flip a greedy
+choice where the two best tokens nearly tie, so tokens are compared up to the first such near-tie of
+the reference, and log-probabilities with a bf16 tolerance.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import ARCHS, hf_logprobs, make_llm, random_prompts
+
+from minisgl import LLM, SamplingParams
+from minisgl.core import Req
+from minisgl.scheduler import AddReq
+
+VOCAB = 400
+PROMPTS = random_prompts([1, 7, 33, 130, 260], VOCAB, seed=11)
+PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
+NEAR_TIE = 0.05  # nats between the reference's two best tokens below which bf16 may pick either
+
+
+def reference_engine(path: str) -> LLM:
+    return make_llm(path, dtype="bfloat16", attention_backend="torch", cuda_graph_max_bs=0, overlap_schedule=False)
+
+
+def assert_same_greedy(fast, ref) -> None:
+    """Equal tokens up to the reference's first near-tie; chosen-token logprobs within bf16 noise."""
+    for got, want in zip(fast, ref):
+        for step, (g, w) in enumerate(zip(got.logprobs, want.logprobs)):
+            assert g.token_id == w.token_id, f"step {step}"
+            assert abs(g.logprob - w.logprob) < 0.1, f"step {step}"
+            if w.top[0][1] - w.top[1][1] < NEAR_TIE:
+                break
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fast_path_matches_torch_reference_and_transformers(tiny_models, arch):
+    path = tiny_models[arch]
+    fast = make_llm(path, dtype="bfloat16")
+    assert fast.engine.graphs is not None and fast.scheduler.overlap
+    got = fast.generate(PROMPTS, PARAMS)
+    assert_same_greedy(got, reference_engine(path).generate(PROMPTS, PARAMS))
+    for out, prompt in zip(got, PROMPTS):
+        hf = hf_logprobs(path, prompt, out.token_ids, dtype=torch.bfloat16)
+        ours = torch.tensor([lp.logprob for lp in out.logprobs])
+        assert torch.allclose(ours, hf[torch.arange(len(ours)), out.token_ids], atol=0.15)
+
+
+@pytest.mark.parametrize("batch", [3, 20])
+def test_graph_replay_matches_eager_decode(tiny_models, batch):
+    """Batches padded up to a bucket (3 -> 4, 20 -> 32) decode as the eager path does."""
+    path = tiny_models["qwen3"]
+    prompts = random_prompts([5 + 3 * i for i in range(batch)], VOCAB, seed=12)
+    graphs = make_llm(path, dtype="bfloat16", cuda_graph_max_bs=32)
+    eager = make_llm(path, dtype="bfloat16", cuda_graph_max_bs=0)
+    assert_same_greedy(graphs.generate(prompts, PARAMS), eager.generate(prompts, PARAMS))
+
+
+def test_launching_a_decode_step_never_waits_for_the_device(tiny_models):
+    llm = make_llm(tiny_models["qwen3"], dtype="bfloat16")
+    sched = llm.scheduler
+    params = SamplingParams(temperature=0.7, max_tokens=40, ignore_eos=True, seed=3)
+    sched.sync_and_apply([AddReq(Req(i, p, params, seed=i)) for i, p in enumerate(random_prompts([9, 17], VOCAB))])
+    for _ in range(4):  # past prefill: every running request decodes now
+        sched.step()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        launched = sched._launch()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert launched is not None and launched.batch.is_decode and len(launched.batch.reqs) == 2
