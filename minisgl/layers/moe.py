@@ -1,7 +1,9 @@
-"""Sparse mixture-of-experts: top-k routing and the expert computation (torch reference).
+"""Sparse mixture-of-experts: top-k routing and the expert computation.
 
 Experts are tensor-parallel along their intermediate dimension: every rank holds a slice of every
-expert, and the partial outputs are all-reduced, exactly as a row-parallel MLP.
+expert, and the partial outputs are all-reduced, exactly as a row-parallel MLP. On CUDA the experts run
+in the fused Triton kernel (`minisgl.kernels.fused_moe`); `experts_torch` is its reference and the path
+everywhere else.
 """
 
 from __future__ import annotations
@@ -13,6 +15,11 @@ from torch import nn
 from minisgl.distributed import TPGroup
 from minisgl.layers.activation import silu_and_mul
 from minisgl.layers.linear import check_shape
+
+try:
+    from minisgl.kernels.fused_moe import fused_experts
+except ImportError:  # no Triton: the torch path everywhere
+    fused_experts = None
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,4 +73,5 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = route(self.gate(x), self.top_k, self.renormalize)
-        return self.tp.all_reduce(experts_torch(x, self.w13, self.w2, weights, ids))
+        experts = fused_experts if x.is_cuda and fused_experts is not None else experts_torch
+        return self.tp.all_reduce(experts(x, self.w13, self.w2, weights, ids))

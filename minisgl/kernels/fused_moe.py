@@ -1,0 +1,275 @@
+"""Fused mixture-of-experts in Triton: the GPU path of `minisgl.layers.moe.experts_torch`.
+
+Three steps, no host sync (the decode step runs inside CUDA graphs), no Python loop over experts:
+
+1. align: sort the T * top_k (token, k) pairs by expert and pad each expert's run to BLOCK_M, so that
+   every block of BLOCK_M sorted rows belongs to one expert. Buffers and grids are sized from upper
+   bounds known on the host; the real number of padded rows stays on the device and programs past it
+   exit at once.
+2. gate/up: for each block, gather its tokens' activations, multiply by that expert's w13 and apply
+   SiLU(gate) * up in the epilogue -> one row of [T * top_k, I] per pair.
+3. down: multiply by the expert's w2 and by the pair's routing weight -> [T * top_k, H]; a sum over
+   top_k gives [T, H]. Every step is deterministic: no atomics, a fixed summation order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+# Align: up to PAIRS_PER_PROGRAM pairs (decode batches) are sorted by a single program in one launch;
+# more are counted, then placed, by up to MAX_ALIGN_PROGRAMS programs. A program takes its pairs a chunk
+# at a time, as a [chunk, experts] tile of about ALIGN_TILE elements.
+PAIRS_PER_PROGRAM = 512
+MAX_ALIGN_PROGRAMS = 128
+ALIGN_TILE = 16384
+
+
+@triton.jit
+def _count_experts(ids_ptr, start, stop, E_POW2: tl.constexpr, CHUNK: tl.constexpr):
+    """How many of the pairs in [start, stop) each expert got."""
+    experts = tl.arange(0, E_POW2)
+    counts = tl.zeros([E_POW2], dtype=tl.int32)
+    for base in range(start, stop, CHUNK):
+        offs = base + tl.arange(0, CHUNK)
+        ids = tl.load(ids_ptr + offs, mask=offs < stop, other=-1)
+        counts += tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), axis=0)
+    return counts
+
+
+@triton.jit
+def _count_kernel(ids_ptr, counts_ptr, num_pairs, pairs_per_program, E_POW2: tl.constexpr, CHUNK: tl.constexpr):
+    """Per-program expert counts, for the multi-program align of large batches."""
+    pid = tl.program_id(0)
+    start = pid * pairs_per_program
+    stop = tl.minimum(start + pairs_per_program, num_pairs)
+    counts = _count_experts(ids_ptr, start, stop, E_POW2, CHUNK)
+    tl.store(counts_ptr + pid * E_POW2 + tl.arange(0, E_POW2), counts)
+
+
+@triton.jit
+def _place_kernel(ids_ptr, counts_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr,
+                  num_pairs, pairs_per_program, num_programs, max_blocks,
+                  BLOCK_M: tl.constexpr, E_POW2: tl.constexpr, P_POW2: tl.constexpr, CHUNK: tl.constexpr,
+                  SINGLE: tl.constexpr):
+    """Write each pair's index at its sorted, padded position; program 0 also writes the padding
+    sentinels, the expert of every block and the padded total. SINGLE: one program counts by itself."""
+    pid = tl.program_id(0)
+    experts = tl.arange(0, E_POW2)
+    if SINGLE:
+        totals = _count_experts(ids_ptr, 0, num_pairs, E_POW2, CHUNK)
+        before = tl.zeros([E_POW2], dtype=tl.int32)
+    else:
+        progs = tl.arange(0, P_POW2)[:, None]
+        counts = tl.load(counts_ptr + progs * E_POW2 + experts[None, :], mask=progs < num_programs, other=0)
+        totals = tl.sum(counts, axis=0)
+        before = tl.sum(tl.where(progs < pid, counts, 0), axis=0)  # this expert's pairs in earlier programs
+    padded = (totals + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    starts = ends - padded
+
+    if pid == 0:
+        tl.store(num_padded_ptr, tl.sum(padded, axis=0))
+        pad = tl.arange(0, BLOCK_M)[None, :]
+        pad_pos = (starts + totals)[:, None] + pad
+        tl.store(sorted_ptr + pad_pos, tl.zeros_like(pad_pos) + num_pairs, mask=pad < (padded - totals)[:, None])
+        # Block b starts at row b * BLOCK_M; its expert is the number of runs that end at or before it.
+        for first in range(0, max_blocks, CHUNK):
+            blocks = first + tl.arange(0, CHUNK)
+            expert = tl.sum((ends[None, :] <= blocks[:, None] * BLOCK_M).to(tl.int32), axis=1)
+            tl.store(block_expert_ptr + blocks, expert, mask=blocks < max_blocks)
+
+    start = pid * pairs_per_program
+    stop = tl.minimum(start + pairs_per_program, num_pairs)
+    cursor = starts + before  # next free row of each expert's run
+    for base in range(start, stop, CHUNK):
+        offs = base + tl.arange(0, CHUNK)
+        ids = tl.load(ids_ptr + offs, mask=offs < stop, other=-1)
+        hit = (ids[:, None] == experts[None, :]).to(tl.int32)
+        earlier = tl.cumsum(hit, axis=0) - hit  # pairs of the same expert earlier in this chunk
+        dest = tl.sum(hit * (cursor[None, :] + earlier), axis=1)
+        tl.store(sorted_ptr + dest, offs, mask=offs < stop)
+        cursor += tl.sum(hit, axis=0)
+
+
+def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
+    """Upper bound on sum_e ceil(count_e / block_m): at most one partial block per expert that got a pair."""
+    return num_pairs // block_m + min(num_pairs, num_experts)
+
+
+def align(ids: torch.Tensor, num_experts: int, block_m: int, pairs_per_program: int = PAIRS_PER_PROGRAM
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sort the (token, k) pairs of ids [T, top_k] by expert, each expert's run padded to block_m.
+
+    Returns sorted_ids [max_blocks * block_m] (pair index t * top_k + k, or T * top_k for padding; stable
+    within an expert), block_expert [max_blocks] and num_padded [1], the rows in use. What lies at or
+    past num_padded (rows of sorted_ids, their blocks in block_expert) is unspecified: nothing reads it.
+    """
+    flat = ids.reshape(-1)
+    num_pairs = flat.numel()
+    blocks = max_blocks(num_pairs, num_experts, block_m)
+    sorted_ids = torch.empty(blocks * block_m, dtype=torch.int32, device=ids.device)
+    block_expert = torch.empty(blocks, dtype=torch.int32, device=ids.device)
+    num_padded = torch.empty(1, dtype=torch.int32, device=ids.device)
+    e_pow2 = triton.next_power_of_2(num_experts)
+    chunk = min(256, max(16, ALIGN_TILE // e_pow2))
+    pairs_per_program = max(pairs_per_program, triton.cdiv(num_pairs, MAX_ALIGN_PROGRAMS))
+    programs = triton.cdiv(num_pairs, pairs_per_program)
+    counts = block_expert  # unused by a single program
+    if programs > 1:
+        counts = torch.empty(programs, e_pow2, dtype=torch.int32, device=ids.device)
+        _count_kernel[(programs,)](flat, counts, num_pairs, pairs_per_program, E_POW2=e_pow2, CHUNK=chunk)
+    _place_kernel[(programs,)](flat, counts, sorted_ids, block_expert, num_padded, num_pairs, pairs_per_program,
+                               programs, blocks, BLOCK_M=block_m, E_POW2=e_pow2,
+                               P_POW2=triton.next_power_of_2(programs), CHUNK=chunk, SINGLE=programs == 1)
+    return sorted_ids, block_expert, num_padded
+
+
+@triton.jit
+def _expert_gemm_kernel(a_ptr, b_ptr, c_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, weights_ptr,
+                        num_pairs, rows_per_token, N, K, blocks_m,
+                        stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                        GATED: tl.constexpr, WEIGHTED: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
+    """C[pair, :N] = A[pair // rows_per_token] @ B[expert].T for one [BLOCK_M, BLOCK_N] tile of sorted pairs.
+
+    GATED: B holds gate rows then up rows (N each) and C = silu(gate) * up. WEIGHTED: C is scaled by the
+    pair's routing weight. Padding rows (index num_pairs) are neither read nor written. PRECISION is
+    "ieee" for float32 inputs, as torch's own matmul (no TF32).
+    """
+    # Consecutive programs share a group of GROUP_M row blocks so that their weight tiles stay in L2.
+    pid = tl.program_id(0)
+    blocks_n = tl.cdiv(N, BLOCK_N)
+    group_size = GROUP_M * blocks_n
+    first_m = pid // group_size * GROUP_M
+    group_m = tl.minimum(blocks_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group_size) % group_m
+    pid_n = (pid % group_size) // group_m
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+
+    rows = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    row_ok = rows < num_pairs
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + (rows // rows_per_token).to(tl.int64)[:, None] * stride_am + offs_k[None, :] * stride_ak
+    # Columns past N wrap around instead of being masked: the loads stay in bounds, the store drops them.
+    b_ptrs = b_ptr + expert * stride_be + (offs_n % N)[None, :] * stride_bn + offs_k[:, None] * stride_bk
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if GATED:
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+            b = tl.load(b_ptrs)
+            if GATED:
+                b_up = tl.load(b_ptrs + N * stride_bn)
+        else:
+            k_ok = offs_k < K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+            if GATED:
+                b_up = tl.load(b_ptrs + N * stride_bn, mask=k_ok[:, None], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        if GATED:
+            acc_up = tl.dot(a, b_up, acc_up, input_precision=PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    if GATED:
+        acc = acc * tl.sigmoid(acc) * acc_up
+    if WEIGHTED:
+        acc = acc * tl.load(weights_ptr + rows, mask=row_ok, other=0.0)[:, None]
+    c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n < N)[None, :])
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Tiles of both expert GEMMs; block_m is also the padding of the align step (tl.dot needs >= 16)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+
+
+# Per (experts, I_local, hidden): rows of (up to this many tokens, config), ascending; the first row that
+# covers T is used, the last one beyond. For qwen3-30b-a3b on an H200 at TP 1 (I_local 768) and TP 2 (384),
+# in the format `benchmarks/moe.py --sweep` prints: its output replaces these rows.
+CONFIGS: dict[tuple[int, int, int], tuple[tuple[int, MoEConfig], ...]] = {
+    (128, 768, 2048): (
+        (4, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=4)),
+        (64, MoEConfig(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=3)),
+        (256, MoEConfig(block_m=32, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=3)),
+        (512, MoEConfig(block_m=64, block_n=64, block_k=64, group_m=8, num_warps=4, num_stages=3)),
+        (16384, MoEConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)),
+    ),
+    (128, 384, 2048): (
+        (4, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=4)),
+        (64, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=3)),
+        (256, MoEConfig(block_m=32, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=3)),
+        (512, MoEConfig(block_m=64, block_n=64, block_k=64, group_m=8, num_warps=4, num_stages=3)),
+        (16384, MoEConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)),
+    ),
+}
+
+
+def default_config(num_tokens: int, top_k: int, num_experts: int) -> MoEConfig:
+    """For shapes without a table: block_m follows the average rows per expert (decode wants it small)."""
+    rows = num_tokens * top_k / num_experts
+    if rows <= 16:
+        return MoEConfig(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=3)
+    if rows <= 64:
+        return MoEConfig(block_m=32, block_n=64, block_k=64, group_m=8, num_warps=4, num_stages=3)
+    return MoEConfig(block_m=64 if rows <= 256 else 128, block_n=128, block_k=64, group_m=8, num_warps=8,
+                     num_stages=3)
+
+
+def pick_config(num_tokens: int, top_k: int, w13: torch.Tensor) -> MoEConfig:
+    """The table's row for this shape and token count, else the heuristic."""
+    num_experts, two_inter, hidden = w13.shape
+    rows = CONFIGS.get((num_experts, two_inter // 2, hidden))
+    if rows is None:
+        return default_config(num_tokens, top_k, num_experts)
+    return next((config for max_tokens, config in rows if num_tokens <= max_tokens), rows[-1][1])
+
+
+def expert_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, aligned: tuple[torch.Tensor, ...],
+                rows_per_token: int, config: MoEConfig, weights: torch.Tensor | None = None) -> None:
+    """out[pair] = a[pair // rows_per_token] @ b[expert of pair].T over the aligned pairs; a gated b
+    (2 * out columns rows) gives silu(gate) * up, weights [pairs] scale each pair's row."""
+    sorted_ids, block_expert, num_padded = aligned
+    n, k = out.shape[1], b.shape[2]
+    gated = b.shape[1] == 2 * n
+    blocks_m = block_expert.numel()
+    grid = (blocks_m * triton.cdiv(n, config.block_n),)
+    _expert_gemm_kernel[grid](
+        a, b, out, sorted_ids, block_expert, num_padded, out if weights is None else weights,
+        out.shape[0], rows_per_token, n, k, blocks_m, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+        b.stride(2), out.stride(0), out.stride(1), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k, GROUP_M=config.group_m, GATED=gated, WEIGHTED=weights is not None,
+        EVEN_K=k % config.block_k == 0, PRECISION="ieee" if a.dtype == torch.float32 else None,
+        num_warps=config.num_warps, num_stages=config.num_stages)
+
+
+def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                  config: MoEConfig | None = None) -> torch.Tensor:
+    """Same result as `experts_torch`: x [T, H], w13 [E, 2 * I, H] (gate rows then up rows), w2 [E, H, I],
+    weights/ids [T, top_k] -> [T, H]. config overrides the table (tests, tuning)."""
+    num_tokens, hidden = x.shape
+    top_k = ids.shape[1]
+    config = config or pick_config(num_tokens, top_k, w13)
+    aligned = align(ids, w13.shape[0], config.block_m)
+    pairs = num_tokens * top_k
+    act = torch.empty(pairs, w2.shape[2], dtype=x.dtype, device=x.device)
+    expert_gemm(x, w13, act, aligned, top_k, config)
+    out = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
+    expert_gemm(act, w2, out, aligned, 1, config, weights.reshape(-1))
+    return out.view(num_tokens, top_k, hidden).sum(dim=1)

@@ -1,0 +1,126 @@
+"""The fused MoE kernel against the torch reference (`experts_torch`) and its align step against a plain
+Python layout. On the CPU the kernels run in Triton's interpreter at small shapes in float32; with
+MINISGL_TEST_DEVICE=cuda the same tests run compiled, at bigger shapes, in bfloat16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import DEVICE
+
+from minisgl.kernels.fused_moe import MoEConfig, align, fused_experts
+from minisgl.layers.moe import experts_torch, route
+
+ON_GPU = DEVICE == "cuda"
+DTYPE = torch.bfloat16 if ON_GPU else torch.float32
+TOL = 2e-2 if ON_GPU else 1e-5
+# Hidden size and expert intermediate size: neither a multiple of the small tiles below, so the masked-K
+# and wrapped-N paths of the GEMM run too.
+HIDDEN, INTER = (576, 200) if ON_GPU else (48, 24)
+SMALL_TILES = MoEConfig(block_m=16, block_n=16, block_k=32, group_m=2, num_warps=4, num_stages=2)
+WIDE_TILES = MoEConfig(block_m=64, block_n=32, block_k=16, group_m=1, num_warps=4, num_stages=2)
+
+
+def make_experts(num_experts: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    w13 = torch.randn(num_experts, 2 * INTER, HIDDEN, generator=gen) / HIDDEN**0.5
+    w2 = torch.randn(num_experts, HIDDEN, INTER, generator=gen) / INTER**0.5
+    return w13.to(DEVICE, DTYPE), w2.to(DEVICE, DTYPE)
+
+
+def make_tokens(num_tokens: int, num_experts: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_tokens, HIDDEN, generator=gen)
+    logits = torch.randn(num_tokens, num_experts, generator=gen)
+    return x.to(DEVICE, DTYPE), logits.to(DEVICE)
+
+
+def check_fused(x, logits, w13, w2, top_k: int, renormalize: bool, config: MoEConfig | None = None) -> None:
+    weights, ids = route(logits, top_k, renormalize)
+    out = fused_experts(x, w13, w2, weights, ids, config)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    torch.testing.assert_close(out, experts_torch(x, w13, w2, weights, ids), rtol=TOL, atol=TOL)
+
+
+@pytest.mark.parametrize("num_tokens, num_experts, top_k, renormalize", [
+    (1, 4, 1, False), (1, 8, 4, True), (3, 8, 2, True), (17, 4, 2, False), (17, 8, 4, True), (64, 8, 2, False),
+    (80, 4, 4, True),
+])
+def test_fused_matches_reference(num_tokens, num_experts, top_k, renormalize):
+    """The config of the table or the default heuristic, on random routing."""
+    w13, w2 = make_experts(num_experts)
+    check_fused(*make_tokens(num_tokens, num_experts), w13, w2, top_k, renormalize)
+
+
+@pytest.mark.parametrize("config", [SMALL_TILES, WIDE_TILES], ids=["block_m16", "block_m64"])
+@pytest.mark.parametrize("num_tokens", [3, 70])
+def test_fused_block_sizes(config, num_tokens):
+    """block_m smaller and larger than the token count; tiles smaller than H and I (several K steps,
+    several column blocks, a partial last one of each)."""
+    w13, w2 = make_experts(8)
+    check_fused(*make_tokens(num_tokens, 8, seed=num_tokens), w13, w2, 2, True, config)
+
+
+def test_fused_expert_without_tokens():
+    """Experts 2 and 5 are never chosen: they get no block, the others still line up."""
+    x, logits = make_tokens(33, 8)
+    logits[:, [2, 5]] = -1e4
+    w13, w2 = make_experts(8)
+    check_fused(x, logits, w13, w2, 2, False, SMALL_TILES)
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_fused_all_tokens_on_one_expert(top_k):
+    """Every token picks expert 3 (and expert 0 second): one long run of many blocks per expert."""
+    x, logits = make_tokens(50, 4)
+    logits[:, 3], logits[:, 0] = 10.0, 9.0
+    w13, w2 = make_experts(4)
+    check_fused(x, logits, w13, w2, top_k, False, SMALL_TILES)
+
+
+def reference_layout(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[list[int], list[int]]:
+    """Expert by expert: the indices of its pairs in order, then sentinels up to a multiple of block_m."""
+    flat = ids.reshape(-1).tolist()
+    rows, blocks = [], []
+    for expert in range(num_experts):
+        run = [pair for pair, e in enumerate(flat) if e == expert]
+        padded = -(-len(run) // block_m) * block_m
+        rows += run + [len(flat)] * (padded - len(run))
+        blocks += [expert] * (padded // block_m)
+    return rows, blocks
+
+
+@pytest.mark.parametrize("num_tokens, num_experts, top_k, block_m, pairs_per_program", [
+    (1, 4, 1, 16, 2048), (1, 128, 8, 16, 2048), (3, 8, 2, 16, 2048), (17, 8, 4, 32, 2048),
+    (64, 6, 2, 16, 2048), (300, 60, 4, 64, 2048),
+    (64, 8, 4, 16, 40), (100, 5, 1, 16, 33), (257, 128, 8, 16, 128),  # split over several programs
+])
+def test_align_layout(num_tokens, num_experts, top_k, block_m, pairs_per_program):
+    """Every pair exactly once, in its expert's run, runs padded to block_m, each block names its expert."""
+    gen = torch.Generator().manual_seed(num_tokens)
+    ids = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(num_tokens)])
+    sorted_ids, block_expert, num_padded = align(ids.to(DEVICE), num_experts, block_m, pairs_per_program)
+    rows, blocks = reference_layout(ids, num_experts, block_m)
+    assert num_padded.item() == len(rows) <= sorted_ids.numel()
+    assert sorted_ids[:len(rows)].tolist() == rows
+    assert block_expert[:len(blocks)].tolist() == blocks
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+def test_fused_replays_in_cuda_graph():
+    """Captured once, replayed on new routing: nothing host-side (a sync, a data-dependent size) is baked in."""
+    num_tokens, num_experts, top_k = 8, 16, 4
+    w13, w2 = make_experts(num_experts)
+    x, logits = make_tokens(num_tokens, num_experts)
+    weights, ids = route(logits, top_k, True)
+    fused_experts(x, w13, w2, weights, ids)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_experts(x, w13, w2, weights, ids)
+    for seed in (2, 3):
+        new_x, new_logits = make_tokens(num_tokens, num_experts, seed)
+        new_weights, new_ids = route(new_logits, top_k, True)
+        for static, new in ((x, new_x), (weights, new_weights), (ids, new_ids)):
+            static.copy_(new)
+        graph.replay()
+        torch.testing.assert_close(out, experts_torch(x, w13, w2, weights, ids), rtol=TOL, atol=TOL)
