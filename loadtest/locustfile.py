@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from urllib.parse import urlsplit
 
 import gevent
+import locust.stats
 from gevent.pool import Pool
 from geventhttpclient import HTTPClient
 from locust import User, constant, events, task
@@ -195,7 +196,13 @@ class RecordSink:
         if self.writer:
             self.writer.writeheader()
 
+    @property
+    def full(self) -> bool:
+        return 0 < self.max_requests <= self.count
+
     def add(self, row: dict[str, str]) -> None:
+        if self.full:
+            return  # a worker's request that ended while the run was stopping
         self.count += 1
         if self.writer:
             self.writer.writerow(row)
@@ -253,7 +260,11 @@ def on_test_stop(environment, **_kwargs) -> None:
 
 
 @events.quitting.add_listener
-def on_quitting(**_kwargs) -> None:
+def on_quitting(environment, **_kwargs) -> None:
+    if environment.parsed_options.csv_prefix and not isinstance(environment.runner, WorkerRunner):
+        # Locust's CSV writer runs once a second and not at exit, so its files would miss the run's last second
+        # (locust issue 2299): give it one more pass now that the numbers are final.
+        gevent.sleep(locust.stats.CSV_STATS_INTERVAL_SEC + 0.2)
     if "sink" in state:
         state["sink"].close()
 
@@ -341,6 +352,8 @@ class LLMUser(User):
         return self.model
 
     def report(self, record: RequestRecord) -> None:
+        if state.get("sink") is not None and state["sink"].full:
+            return  # ended after the run reached --max-requests, while it was stopping: neither stats nor record
         fire = self.environment.events.request.fire
         fire(request_type="POST", name=record.endpoint, response_time=record.e2e_ms,
              response_length=record.output_tokens, exception=record.error or None, context={})

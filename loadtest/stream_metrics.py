@@ -75,14 +75,18 @@ class StreamError(Exception):
     """The server reported an error inside a 200 stream."""
 
 
-def chunk_has_content(chunk: dict) -> bool:
-    """Whether an OpenAI stream chunk carries generated output: completion text, a chat delta's content, or
-    token ids (servers that skip detokenization stream `token_ids`, as vLLM's `return_token_ids` does)."""
+def chunk_tokens(chunk: dict) -> int:
+    """How many generated tokens an OpenAI stream chunk carries, as far as it shows: its `token_ids` when it has
+    them (servers that skip detokenization stream ids, as vLLM's `return_token_ids` does), else one per choice
+    with completion text or a chat delta's content. 0 means no content (a role-only or finish-only chunk)."""
+    count = 0
     for choice in chunk.get("choices") or []:
         delta = choice.get("delta") or {}
-        if choice.get("text") or delta.get("content") or delta.get("reasoning_content") or choice.get("token_ids"):
-            return True
-    return False
+        if choice.get("token_ids"):
+            count += len(choice["token_ids"])
+        elif choice.get("text") or delta.get("content") or delta.get("reasoning_content"):
+            count += 1
+    return count
 
 
 def measure_stream(lines: Iterable[bytes], clock: Callable[[], float], sent_at: float,
@@ -92,7 +96,7 @@ def measure_stream(lines: Iterable[bytes], clock: Callable[[], float], sent_at: 
     `clock()` is read as each line arrives; `sent_at` is its value when the request was sent. Raises
     StreamError for an `error` event or a stream that ends without `data: [DONE]`."""
     last = None
-    content_chunks = 0
+    chunk_token_count = 0
     done = False
     for raw in lines:
         line = raw.strip()
@@ -107,8 +111,8 @@ def measure_stream(lines: Iterable[bytes], clock: Callable[[], float], sent_at: 
         if "error" in chunk:
             error = chunk["error"]
             raise StreamError(error.get("message", str(error)) if isinstance(error, dict) else str(error))
-        if chunk_has_content(chunk):
-            content_chunks += 1
+        if tokens := chunk_tokens(chunk):
+            chunk_token_count += tokens
             if last is None:
                 record.ttft_ms = (now - sent_at) * 1000
             else:
@@ -120,8 +124,8 @@ def measure_stream(lines: Iterable[bytes], clock: Callable[[], float], sent_at: 
     record.e2e_ms = (clock() - sent_at) * 1000
     if not done:
         raise StreamError("stream ended without data: [DONE]")
-    if not record.output_tokens:  # a server without stream_options.include_usage: one token per chunk
-        record.output_tokens = content_chunks
+    if not record.output_tokens:  # a server that ignores stream_options.include_usage
+        record.output_tokens = chunk_token_count
 
 
 # ---- many requests ---------------------------------------------------------------------------------------------
