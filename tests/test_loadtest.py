@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 
 import httpx
+import kubernetes_validate
 import numpy as np
 import pytest
+import yaml
 from server_utils import Server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -236,3 +238,43 @@ def test_shared_prefix_hits_the_radix_cache(demo_server, tmp_path):
     assert len(records) == 4 and all(r.ok and r.prompt_tokens > 64 for r in records)
     # one user, one request at a time: the 2nd..4th find the 64-word prefix (>= 64 tokens) cached
     assert cache_hits() - before >= 3 * 64
+
+
+# ---- the in-cluster Job ----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def k8s_manifests() -> dict[str, dict]:
+    """`kubectl kustomize loadtest/` (what `kubectl apply -k loadtest/` sends), by kind."""
+    rendered = subprocess.run(["kubectl", "kustomize", str(LOADTEST)], capture_output=True, text=True, timeout=60)
+    assert rendered.returncode == 0, rendered.stderr
+    return {doc["kind"]: doc for doc in yaml.safe_load_all(rendered.stdout)}
+
+
+def test_k8s_job_and_configmap_validate_for_current_kubernetes(k8s_manifests):
+    assert sorted(k8s_manifests) == ["ConfigMap", "Job"]
+    for manifest in k8s_manifests.values():
+        kubernetes_validate.validate(manifest, "1.30.0", strict=True)
+    config_map, pod = k8s_manifests["ConfigMap"], k8s_manifests["Job"]["spec"]["template"]["spec"]
+    for name in ("locustfile.py", "stream_metrics.py", "report.py"):  # the scripts themselves, not copies
+        assert config_map["data"][name] == (LOADTEST / name).read_text()
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["loadtest"]["configMap"]["name"] == config_map["metadata"]["name"]
+
+
+def test_k8s_job_command_runs_against_a_server(k8s_manifests, demo_server, tmp_path):
+    """The Job's container command and environment, run as a local process: /loadtest is the repo's loadtest/,
+    /results a temporary folder, the Service the demo server, and a shorter, smaller load."""
+    container = k8s_manifests["Job"]["spec"]["template"]["spec"]["containers"][0]
+    script = container["args"][0].replace("/loadtest/", f"{LOADTEST}/").replace("/results", str(tmp_path))
+    env = {**os.environ, **{e["name"]: e["value"] for e in container["env"] if "value" in e},
+           "LOCUST_HOST": demo_server.url, "LOCUST_RUN_TIME": "4s", "LOCUST_USERS": "2", "LOCUST_SPAWN_RATE": "2",
+           "LOCUST_PROMPT_TOKENS": "16", "LOCUST_OUTPUT_TOKENS": "6", "SLO": "ttft:60s",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    result = subprocess.run(container["command"] + [script], capture_output=True, text=True, env=env, timeout=120,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| 2 users |" in result.stdout and "== report.json" in result.stdout
+    assert "POST,/v1/completions," in result.stdout  # Locust's stats CSV in the log
+    records = read_records(f"{tmp_path}/run_llm_requests.csv")
+    assert records and all(r.ok and r.output_tokens == 6 for r in records)
+    assert json.loads((tmp_path / "run_llm_run.json").read_text())["workload"]["ignore_eos"] is True  # from env
