@@ -59,7 +59,7 @@ curl -s "$host/v1/completions" -H 'Content-Type: application/json' -d "{\"model\
 prefixes=()
 for u in $users; do
   processes=()
-  [ "$u" -ge 64 ] && processes=(--processes 4)  # one Python process parses ~5k chunks/s: spread the users
+  [ "$u" -ge 64 ] && processes=(--processes 4)  # a busy client core would inflate ITL: spread the users
   echo "== $u users"
   python3 -m locust -f loadtest/locustfile.py --host "$host" --headless --only-summary -u "$u" -r "$u" \
     -t "$run_time" "${processes[@]}" --csv "$out/u$u" --token-ids --vocab-size 10000 \
