@@ -7,8 +7,8 @@ a `POST` event per request (its time is E2E, its size the output tokens, a failu
 message) and `TTFT`, `ITL` (one per gap between content chunks) and `TPOT` events, so its console, web UI and
 CSVs show them. Locust keeps whole milliseconds in its CSV percentiles and cannot tell which request met an
 SLO, so with `--csv PREFIX` every request is also written to `PREFIX_llm_requests.csv` and the run's settings
-to `PREFIX_llm_run.json`, which `report.py` reads. Options: `locust -f loadtest/locustfile.py --help`, under
-"Custom arguments"; each also reads an environment variable (LOCUST_ENDPOINT, ...).
+to `PREFIX_llm_run.json`, which `report.py` reads. The options are below (`add_options`) and in docs/loadtest.md;
+each also reads an environment variable (LOCUST_ENDPOINT, ...) and shows in the web UI's custom parameters.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def add_options(parser) -> None:
     option("--max-concurrency", type=int, default=0,
            help="open loop: at most this many requests in flight per user; arrivals wait (default 0: no cap)")
     option("--max-requests", type=int, default=0, help="stop after this many finished requests (0: no bound)")
-    option("--api-key", default="", help="sent as 'Authorization: Bearer KEY'")
+    option("--api-key", default="", is_secret=True, help="sent as 'Authorization: Bearer KEY'")
     option("--request-timeout", type=float, default=600.0, help="seconds without data before a request fails")
 
 
@@ -144,15 +144,17 @@ class PromptSource:
         max_tokens = rng.randint(*self.workload.output_tokens)
         if self.dataset:
             entry = rng.choice(self.dataset)
-            prompt = entry.get("messages") or entry["prompt"]
             max_tokens = int(entry.get("output_tokens", max_tokens))
+            if "messages" in entry:
+                return {"messages": entry["messages"]}, max_tokens
+            prompt = entry["prompt"]
         else:
             own = self.generate(rng, rng.randint(*self.workload.prompt_tokens))
             separator = [] if self.workload.token_ids else " "
             prompt = self.prefix + separator + own if self.prefix else own
         if self.workload.endpoint == "completions":
             return {"prompt": prompt}, max_tokens
-        return {"messages": prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]}, max_tokens
+        return {"messages": [{"role": "user", "content": prompt}]}, max_tokens
 
 
 def load_dataset(path: str, endpoint: str) -> list[dict]:
@@ -166,6 +168,8 @@ def load_dataset(path: str, endpoint: str) -> list[dict]:
                 raise ValueError(f"{path}:{number}: expected an object with 'prompt' or 'messages'")
             if "messages" in entry and endpoint == "completions":
                 raise ValueError(f"{path}:{number}: 'messages' needs --endpoint chat")
+            if isinstance(entry.get("prompt"), list) and endpoint == "chat":
+                raise ValueError(f"{path}:{number}: a token-id prompt needs --endpoint completions")
             entries.append(entry)
     if not entries:
         raise ValueError(f"{path}: no prompts")

@@ -278,3 +278,29 @@ def test_k8s_job_command_runs_against_a_server(k8s_manifests, demo_server, tmp_p
     records = read_records(f"{tmp_path}/run_llm_requests.csv")
     assert records and all(r.ok and r.output_tokens == 6 for r in records)
     assert json.loads((tmp_path / "run_llm_run.json").read_text())["workload"]["ignore_eos"] is True  # from env
+
+
+def test_dataset_prompts_and_their_output_lengths(demo_server, tmp_path):
+    dataset = tmp_path / "prompts.jsonl"
+    dataset.write_text(json.dumps({"messages": [{"role": "system", "content": "Be brief."},
+                                                {"role": "user", "content": "Hi!"}], "output_tokens": 3}) + "\n\n" +
+                       json.dumps({"prompt": "Tell me a story", "output_tokens": 5}) + "\n")
+    result = locust(demo_server, tmp_path / "data", "-u", "2", "-r", "2", "-t", "30s", "--endpoint", "chat",
+                    "--dataset", str(dataset), "--ignore-eos", "--max-requests", "8")
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = read_records(f"{tmp_path / 'data'}_llm_requests.csv")
+    assert len(records) == 8 and all(r.ok and r.endpoint == "/v1/chat/completions" for r in records)
+    assert {r.output_tokens for r in records} <= {3, 5}  # each line's own output length
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--token-ids", "--endpoint", "chat"], "--token-ids needs --endpoint completions"),
+    (["--prompt-tokens", "10:5"], "--prompt-tokens must be positive with A <= B"),
+    (["--dataset", "/nonexistent.jsonl"], "No such file"),
+])
+def test_bad_options_stop_before_any_request(tmp_path, options, message):
+    # nothing listens on port 9: a run that sent requests would fail them, not exit 2 with the reason
+    result = subprocess.run([sys.executable, "-m", "locust", "-f", str(LOADTEST / "locustfile.py"), "--headless",
+                             "--host", "http://127.0.0.1:9", "-t", "5s", *options], capture_output=True, text=True,
+                            timeout=60, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 2 and message in result.stderr
