@@ -108,8 +108,7 @@ def measure_stream(lines: Iterable[bytes], clock: Callable[[], float], sent_at: 
             done = True
             break
         chunk = json.loads(payload)
-        if "error" in chunk:
-            error = chunk["error"]
+        if error := chunk.get("error"):
             raise StreamError(error.get("message", str(error)) if isinstance(error, dict) else str(error))
         if tokens := chunk_tokens(chunk):
             chunk_token_count += tokens

@@ -286,10 +286,10 @@ def test_dataset_prompts_and_their_output_lengths(demo_server, tmp_path):
                                                 {"role": "user", "content": "Hi!"}], "output_tokens": 3}) + "\n\n" +
                        json.dumps({"prompt": "Tell me a story", "output_tokens": 5}) + "\n")
     result = locust(demo_server, tmp_path / "data", "-u", "2", "-r", "2", "-t", "30s", "--endpoint", "chat",
-                    "--dataset", str(dataset), "--ignore-eos", "--max-requests", "8")
+                    "--dataset", str(dataset), "--ignore-eos", "--max-requests", "4")
     assert result.returncode == 0, result.stderr[-3000:]
     records = read_records(f"{tmp_path / 'data'}_llm_requests.csv")
-    assert len(records) == 8 and all(r.ok and r.endpoint == "/v1/chat/completions" for r in records)
+    assert len(records) == 4 and all(r.ok and r.endpoint == "/v1/chat/completions" for r in records)
     assert {r.output_tokens for r in records} <= {3, 5}  # each line's own output length
 
 
