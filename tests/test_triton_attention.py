@@ -163,9 +163,10 @@ def test_bf16_matches_torch(heads, kv_heads, page_size):
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
 def test_decode_replays_in_cuda_graph():
-    """Capture prepare + forward once, then replay with other lengths and pages in the same buffers."""
-    first = Case([10, 300, 33], [1, 1, 1], 8, 2, 128, 16, torch.bfloat16, seed=7)
-    second = Case([2000, 5, 700], [1, 1, 1], 8, 2, 128, 16, torch.bfloat16, seed=8)
+    """Capture prepare + forward once, then replay with other lengths and pages in the same buffers
+    (the same lengths in another order, so that the pool and page table keep their shapes)."""
+    first = Case([10, 300, 2000], [1, 1, 1], 8, 2, 128, 16, torch.bfloat16, seed=7)
+    second = Case([2000, 10, 300], [1, 1, 1], 8, 2, 128, 16, torch.bfloat16, seed=8)
     backend = TritonBackend(first.pool, first.page_table)
     static = first.batch
     stream = torch.cuda.Stream()
