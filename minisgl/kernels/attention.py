@@ -35,8 +35,8 @@ class KernelConfig:
     extend_stages: int = 2
 
     def fitted(self, dtype: torch.dtype, head_dim: int) -> KernelConfig:
-        """The extend tile shrunk where it would spill registers: fp32 elements (halve both sides) and
-        head_dim above 128 (halve the query rows)."""
+        """The extend tile for this pool: fp32 takes twice the registers and shared memory (halve both
+        sides), and head_dim 256 spills registers at 128 query rows on Hopper (halve the rows)."""
         block_m, block_n = self.extend_block_m, self.extend_block_n
         if dtype.itemsize >= 4:
             block_m, block_n = block_m // 2, block_n // 2
