@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from minisgl.attention.base import AttentionBackend, ForwardInput
 from minisgl.attention.torch_backend import TorchBackend
+from minisgl.attention.triton_backend import TritonBackend
 from minisgl.kvcache.pool import KVPool
 
-BACKENDS = {"torch": TorchBackend}
+BACKENDS = {"torch": TorchBackend, "triton": TritonBackend}
 
 
 def make_backend(name: str, pool: KVPool, page_table) -> AttentionBackend:

@@ -1,0 +1,256 @@
+"""Paged attention in Triton: split-K decode (flash-decoding) and tiled extend/prefill.
+
+Both kernels read keys and values straight from the KV pool through the page table
+(slot = page_table[row, pos // page_size] * page_size + pos % page_size), so the cached prefix and
+the tokens stored this step are one loop. Query heads that share a KV head are packed into the rows
+of one tile: K/V are loaded once per KV head, and `tl.dot` gets at least 16 rows even in decode.
+Scores use exp2 with the scale folded in; accumulation is fp32, output in q's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile sizes and launch knobs; the defaults aim at Hopper (H100/H200) with bf16 and head_dim 128."""
+
+    decode_block_n: int = 64  # keys per loop step of a decode split
+    decode_warps: int = 4
+    decode_stages: int = 2
+    decode_splits: int | None = None  # fixed number of KV splits; None: chosen from batch size and SM count
+    max_splits: int = 32  # cap of the automatic choice (and size of the partial-result scratch)
+    programs_per_sm: int = 2  # the automatic choice aims at this many decode programs per SM
+    extend_block_m: int = 128  # query rows (tokens x heads of one KV group) per extend tile
+    extend_block_n: int = 64
+    extend_warps: int = 8
+    extend_stages: int = 2
+
+    def fitted(self, dtype: torch.dtype, head_dim: int) -> KernelConfig:
+        """The extend tile for this pool: fp32 takes twice the registers and shared memory (halve both
+        sides), and head_dim 256 spills registers at 128 query rows on Hopper (halve the rows)."""
+        block_m, block_n = self.extend_block_m, self.extend_block_n
+        if dtype.itemsize >= 4:
+            block_m, block_n = block_m // 2, block_n // 2
+        if head_dim > 128:
+            block_m //= 2
+        return replace(self, extend_block_m=max(16, block_m), extend_block_n=max(16, block_n))
+
+
+def num_decode_splits(batch: int, kv_heads: int, num_sms: int, config: KernelConfig) -> int:
+    """Splits per (request, KV head) for decode. Independent of sequence lengths, so a CUDA graph
+    captured for one batch size replays correctly for any lengths: enough programs to fill the GPU."""
+    if config.decode_splits is not None:
+        return config.decode_splits
+    wanted = triton.cdiv(config.programs_per_sm * num_sms, batch * kv_heads)
+    return max(1, min(config.max_splits, wanted))
+
+
+@triton.jit
+def _load_kv_tile(k_ptr, v_ptr, page_row_ptr, offs_n, mask_n, head_offset, stride_slot, offs_d, mask_d,
+                  PAGE_SIZE: tl.constexpr):
+    """K and V [BLOCK_N, BLOCK_D] of context positions offs_n, gathered through one page-table row."""
+    pages = tl.load(page_row_ptr + offs_n // PAGE_SIZE, mask=mask_n, other=0)
+    slots = pages.to(tl.int64) * PAGE_SIZE + offs_n % PAGE_SIZE
+    offsets = slots[:, None] * stride_slot + head_offset + offs_d[None, :]
+    mask = mask_n[:, None] & mask_d[None, :]
+    k = tl.load(k_ptr + offsets, mask=mask, other=0.0)
+    v = tl.load(v_ptr + offsets, mask=mask, other=0.0)
+    return k, v
+
+
+@triton.jit
+def _online_softmax_step(q, k, v, acc, m_i, l_i, qk_scale, visible, MASKED: tl.constexpr):
+    """One key block of flash attention in the log2 domain. m_i starts finite (-1e30), so rows that
+    see no key in a block keep alpha = 1 and p = 0 instead of producing NaN."""
+    s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * qk_scale
+    if MASKED:
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision="ieee")
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _split_chunk(seq_len, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Keys per split, a whole number of blocks: short sequences leave the last splits empty."""
+    return tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+
+
+@triton.jit
+def _decode_split_kernel(q_ptr, k_ptr, v_ptr, page_table_ptr, rows_ptr, seq_lens_ptr, out_ptr, part_out_ptr,
+                         part_lse_ptr, stride_qt, stride_qh, stride_slot, stride_kh, stride_pt, stride_ot, stride_oh,
+                         qk_scale, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                         NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_D: tl.constexpr):
+    """Program (request, KV head, split): the GROUP query heads of one KV head over one key range.
+    With one split the result is final; else the normalised partial output and its log2-sum-exp go
+    to scratch [B, heads, NUM_SPLITS, (D)] for the reduce kernel."""
+    req, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + req)
+    chunk = _split_chunk(seq_len, NUM_SPLITS, BLOCK_N)
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+    if start >= end:
+        return
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_h, mask_d = offs_h < GROUP, offs_d < HEAD_DIM
+    heads = kv_head * GROUP + offs_h
+    q = tl.load(q_ptr + req * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+    page_row_ptr = page_table_ptr + tl.load(rows_ptr + req).to(tl.int64) * stride_pt
+
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_H], -1e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < end
+        k, v = _load_kv_tile(k_ptr, v_ptr, page_row_ptr, offs_n, mask_n, kv_head * stride_kh, stride_slot,
+                             offs_d, mask_d, PAGE_SIZE)
+        acc, m_i, l_i = _online_softmax_step(q, k, v, acc, m_i, l_i, qk_scale, mask_n[None, :], True)
+
+    acc = acc / l_i[:, None]
+    mask = mask_h[:, None] & mask_d[None, :]
+    if NUM_SPLITS == 1:
+        tl.store(out_ptr + req * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        lse_offsets = (req * tl.num_programs(1) * GROUP + heads) * NUM_SPLITS + split
+        tl.store(part_lse_ptr + lse_offsets, m_i + tl.log2(l_i), mask=mask_h)
+        tl.store(part_out_ptr + lse_offsets[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(seq_lens_ptr, part_out_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh,
+                          HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Program (request, query head): weight each non-empty split by its share of the softmax mass."""
+    req, head = tl.program_id(0), tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + req)
+    used = tl.cdiv(seq_len, _split_chunk(seq_len, NUM_SPLITS, BLOCK_N))
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_s, mask_d = offs_s < used, offs_d < HEAD_DIM
+    base = (req * tl.num_programs(1) + head) * NUM_SPLITS
+    lse = tl.load(part_lse_ptr + base + offs_s, mask=mask_s, other=float("-inf"))
+    weights = tl.exp2(lse - tl.max(lse, 0))
+    weights = weights / tl.sum(weights, 0)
+    parts = tl.load(part_out_ptr + (base + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
+                    mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+    out = tl.sum(parts * weights[:, None], 0)
+    tl.store(out_ptr + req * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=mask_d)
+
+
+@triton.jit
+def _extend_kernel(q_ptr, k_ptr, v_ptr, page_table_ptr, rows_ptr, kv_lens_ptr, extend_lens_ptr, q_starts_ptr,
+                   out_ptr, stride_qt, stride_qh, stride_slot, stride_kh, stride_pt, stride_ot, stride_oh, qk_scale,
+                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, TOKENS: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Program (tile, request, KV head): TOKENS new tokens x GROUP query heads (row r is token r // GROUP,
+    head r % GROUP) against keys [0, kv_len + last token]. Keys below the tile's first query position
+    are visible to every row (no mask); the diagonal blocks after them get the causal mask."""
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest tiles first
+    req, kv_head = tl.program_id(1), tl.program_id(2)
+    extend_len = tl.load(extend_lens_ptr + req)
+    first = tile * TOKENS
+    if first >= extend_len:
+        return
+    kv_len = tl.load(kv_lens_ptr + req)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    tokens = first + offs_m // GROUP
+    heads = kv_head * GROUP + offs_m % GROUP
+    mask_m = (offs_m < TOKENS * GROUP) & (tokens < extend_len)
+    mask_d = offs_d < HEAD_DIM
+    mask = mask_m[:, None] & mask_d[None, :]
+    q_tokens = tl.load(q_starts_ptr + req) + tokens
+    q = tl.load(q_ptr + q_tokens[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask, other=0.0)
+    page_row_ptr = page_table_ptr + tl.load(rows_ptr + req).to(tl.int64) * stride_pt
+    head_offset = kv_head * stride_kh
+
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], -1e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    shared_end = (kv_len + first) // BLOCK_N * BLOCK_N
+    for n0 in range(0, shared_end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        k, v = _load_kv_tile(k_ptr, v_ptr, page_row_ptr, offs_n, offs_n < shared_end, head_offset, stride_slot,
+                             offs_d, mask_d, PAGE_SIZE)
+        acc, m_i, l_i = _online_softmax_step(q, k, v, acc, m_i, l_i, qk_scale, None, False)
+    query_pos = kv_len + tokens
+    causal_end = kv_len + tl.minimum(first + TOKENS, extend_len)
+    for n0 in range(shared_end, causal_end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        k, v = _load_kv_tile(k_ptr, v_ptr, page_row_ptr, offs_n, offs_n < causal_end, head_offset, stride_slot,
+                             offs_d, mask_d, PAGE_SIZE)
+        visible = offs_n[None, :] <= query_pos[:, None]
+        acc, m_i, l_i = _online_softmax_step(q, k, v, acc, m_i, l_i, qk_scale, visible, True)
+
+    acc = acc / tl.where(l_i == 0, 1.0, l_i)[:, None]  # l_i is 0 only on padding rows
+    tl.store(out_ptr + q_tokens[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _block_d(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def _qk_scale(head_dim: int) -> float:
+    return LOG2E / math.sqrt(head_dim)
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+                     rows: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor, part_out: torch.Tensor | None,
+                     part_lse: torch.Tensor | None, page_size: int, num_splits: int, config: KernelConfig) -> None:
+    """One query token per request: q [B, heads, D] over k/v_cache [slots, kv_heads, D] -> out [B, heads, D].
+    With num_splits > 1, part_out [B, heads, num_splits, D] and part_lse [B, heads, num_splits] (fp32)."""
+    batch, heads, head_dim = q.shape
+    kv_heads = k_cache.shape[1]
+    group = heads // kv_heads
+    block_d = _block_d(head_dim)
+    _decode_split_kernel[(batch, kv_heads, num_splits)](
+        q, k_cache, v_cache, page_table, rows, seq_lens, out, part_out, part_lse,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), page_table.stride(0),
+        out.stride(0), out.stride(1), _qk_scale(head_dim),
+        GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, NUM_SPLITS=num_splits,
+        BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=config.decode_block_n, BLOCK_D=block_d,
+        num_warps=config.decode_warps, num_stages=config.decode_stages)
+    if num_splits > 1:
+        _decode_reduce_kernel[(batch, heads)](
+            seq_lens, part_out, part_lse, out, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, NUM_SPLITS=num_splits, BLOCK_N=config.decode_block_n,
+            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, num_warps=4)
+
+
+def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+                     rows: torch.Tensor, kv_lens: torch.Tensor, extend_lens: torch.Tensor, q_starts: torch.Tensor,
+                     max_extend: int, out: torch.Tensor, page_size: int, config: KernelConfig) -> None:
+    """Ragged new tokens: q [T, heads, D] (request i's tokens start at q_starts[i]) attend causally to their
+    request's keys [0, kv_len + own index] in the pool, whose new K/V must already be stored -> out."""
+    heads, head_dim = q.shape[1], q.shape[2]
+    kv_heads = k_cache.shape[1]
+    group = heads // kv_heads
+    block_m = max(config.extend_block_m, triton.next_power_of_2(group))
+    tokens = block_m // group
+    grid = (triton.cdiv(max_extend, tokens), rows.numel(), kv_heads)
+    _extend_kernel[grid](
+        q, k_cache, v_cache, page_table, rows, kv_lens, extend_lens, q_starts, out,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), page_table.stride(0),
+        out.stride(0), out.stride(1), _qk_scale(head_dim),
+        GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, TOKENS=tokens,
+        BLOCK_M=block_m, BLOCK_N=config.extend_block_n, BLOCK_D=_block_d(head_dim),
+        num_warps=config.extend_warps, num_stages=config.extend_stages)

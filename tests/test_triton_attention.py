@@ -1,0 +1,205 @@
+"""The Triton attention backend against the torch backend (the oracle) on random pools and page tables.
+
+On the CPU the kernels run in Triton's interpreter at small shapes; MINISGL_TEST_DEVICE=cuda runs the same
+tests compiled, at bigger shapes and in bf16 too, plus a CUDA-graph replay of decode.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import DEVICE, hf_greedy, make_llm, random_prompts
+
+from minisgl import SamplingParams
+from minisgl.attention import make_backend
+from minisgl.attention.base import ForwardInput
+from minisgl.attention.torch_backend import TorchBackend
+from minisgl.attention.triton_backend import TritonBackend
+from minisgl.kernels.attention import KernelConfig, num_decode_splits
+from minisgl.kvcache.pool import KVPool
+
+ON_GPU = DEVICE == "cuda"
+LAYER = 1  # of 2: the kernels must see the layer's own slice of the pool
+# (heads, kv_heads): MHA, GQA 2, 3 (a group that is no power of two) and 4.
+HEAD_CONFIGS = [(4, 4), (4, 2), (6, 2), (8, 2)]
+HEAD_DIMS = [64, 128] if ON_GPU else [16, 64]
+# Small tiles make the CPU shapes cross several query tiles and key blocks; the defaults run on the GPU.
+SMALL = KernelConfig(decode_block_n=16, extend_block_m=32, extend_block_n=16)
+CONFIGS = {"small": SMALL, "default": KernelConfig()}
+TOLERANCE = {torch.float32: 2e-5 if not ON_GPU else 1e-4, torch.bfloat16: 2e-2}
+
+
+class Case:
+    """A pool of random K/V (stale values everywhere, so reading a wrong slot shows), a page table whose
+    rows own randomly chosen pages, and one batch of new tokens with their q/k/v."""
+
+    def __init__(self, kv_lens: list[int], extend_lens: list[int], heads: int, kv_heads: int, head_dim: int,
+                 page_size: int, dtype: torch.dtype = torch.float32, padded: int = 0, seed: int = 0):
+        gen = torch.Generator().manual_seed(seed)
+        needs = [-(-(k + n) // page_size) for k, n in zip(kv_lens, extend_lens)]
+        num_pages = sum(needs) + 16  # some pages belong to nobody
+        self.pool = KVPool(2, num_pages, page_size, kv_heads, head_dim, dtype, torch.device(DEVICE))
+        self.pool.k.copy_(torch.randn(self.pool.k.shape, generator=gen))
+        self.pool.v.copy_(torch.randn(self.pool.v.shape, generator=gen))
+        num_reqs = len(kv_lens)
+        page_table = torch.randint(0, num_pages, (num_reqs + 3, max(needs) + 1), generator=gen, dtype=torch.int32)
+        pages = torch.randperm(num_pages, generator=gen).int().tolist()
+        rows = torch.randperm(num_reqs + 2, generator=gen)[:num_reqs].tolist()
+        for row, need in zip(rows, needs):
+            page_table[row, :need] = torch.tensor([pages.pop() for _ in range(need)], dtype=torch.int32)
+        # CUDA-graph padding: entries that share one row of scratch pages, kv_len 0, one new token.
+        pad_row = num_reqs + 2
+        page_table[pad_row] = self.pool.scratch_page
+        rows += [pad_row] * padded
+        kv_lens, extend_lens = kv_lens + [0] * padded, extend_lens + [1] * padded
+        self.page_table = page_table.to(DEVICE)
+        self.num_real = sum(extend_lens) - padded
+
+        kv, ext = torch.tensor(kv_lens), torch.tensor(extend_lens)
+        owner = torch.repeat_interleave(torch.arange(len(kv_lens)), ext)
+        starts = torch.cumsum(ext, 0) - ext
+        tokens = int(ext.sum())
+        positions = kv[owner] + torch.arange(tokens) - starts[owner]
+        slots = page_table[torch.tensor(rows)[owner], positions // page_size].long() * page_size + positions % page_size
+        to_dev = lambda t: t.to(DEVICE)  # noqa: E731
+        self.batch = ForwardInput(
+            input_ids=to_dev(torch.zeros(tokens, dtype=torch.int64)), positions=to_dev(positions),
+            out_slots=to_dev(slots), rows=to_dev(torch.tensor(rows)), kv_lens=to_dev(kv), extend_lens=to_dev(ext),
+            seq_lens=to_dev(kv + ext), last_index=to_dev(starts + ext - 1), max_extend=max(extend_lens),
+            max_seq_len=max(k + n for k, n in zip(kv_lens, extend_lens)), is_decode=max(extend_lens) == 1)
+        self.q, self.k, self.v = (torch.randn(tokens, h, head_dim, generator=gen).to(DEVICE, dtype)
+                                  for h in (heads, kv_heads, kv_heads))
+
+    def run(self, backend_cls, config: KernelConfig | None = None) -> tuple[torch.Tensor, KVPool]:
+        """Output of one layer's forward, and the pool it wrote into (each backend gets its own copy)."""
+        pool = copy.copy(self.pool)
+        pool.k, pool.v = self.pool.k.clone(), self.pool.v.clone()
+        backend = backend_cls(pool, self.page_table) if config is None else backend_cls(pool, self.page_table, config)
+        out = backend.forward(LAYER, self.q, self.k, self.v, backend.prepare(self.batch))
+        return out, pool
+
+    def check(self, config: KernelConfig | None = None) -> None:
+        expected, ref_pool = self.run(TorchBackend)
+        got, pool = self.run(TritonBackend, config)
+        assert got.shape == expected.shape and got.dtype == self.q.dtype
+        tol = TOLERANCE[self.q.dtype]
+        real = slice(0, self.num_real)
+        torch.testing.assert_close(got[real].float(), expected[real].float(), atol=tol, rtol=tol)
+        assert torch.isfinite(got).all()  # padded entries are discarded by the engine, but must not be NaN
+        # The new K/V were stored at out_slots (padding entries collide on the scratch page: skip it).
+        stored = self.batch.out_slots[real]
+        assert torch.equal(pool.k[LAYER][stored], self.k[real].to(pool.k.dtype))
+        assert torch.equal(pool.v[LAYER][stored], self.v[real].to(pool.v.dtype))
+
+
+# Ragged: pure prefill, extend after a partial page, after exactly one page, after several pages, and
+# decode-like rows (one new token) in the same batch.
+RAGGED_KV = [0, 5, 16, 37, 40, 0]
+RAGGED_EXT = [33, 20, 3, 1, 9, 1]
+if ON_GPU:
+    RAGGED_KV, RAGGED_EXT = RAGGED_KV + [900, 0, 1500], RAGGED_EXT + [300, 700, 1]
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("heads,kv_heads", HEAD_CONFIGS)
+def test_extend_matches_torch(heads, kv_heads, page_size, config):
+    Case(RAGGED_KV, RAGGED_EXT, heads, kv_heads, HEAD_DIMS[0], page_size).check(CONFIGS[config])
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS[1:] + [24])  # 24: not a power of two, masked
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_extend_head_dims(head_dim, page_size):
+    Case(RAGGED_KV, RAGGED_EXT, 4, 2, head_dim, page_size, seed=1).check(SMALL)
+
+
+DECODE_KV = [0, 15, 16, 17, 70, 3] + ([4000, 1100, 2047] if ON_GPU else [])
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("heads,kv_heads", HEAD_CONFIGS)
+def test_decode_matches_torch(heads, kv_heads, page_size, splits):
+    """Several splits, including more splits than a short sequence has key blocks (empty splits)."""
+    case = Case(DECODE_KV, [1] * len(DECODE_KV), heads, kv_heads, HEAD_DIMS[0], page_size, padded=2, seed=2)
+    case.check(KernelConfig(decode_block_n=16, decode_splits=splits))
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS[1:] + [24])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_decode_head_dims(head_dim, page_size):
+    case = Case(DECODE_KV, [1] * len(DECODE_KV), 8, 2, head_dim, page_size, seed=3)
+    case.check(KernelConfig(decode_block_n=16, decode_splits=4))
+
+
+def test_decode_split_choice_fills_the_gpu():
+    """Splits come from batch size and SM count only (a captured graph replays for any lengths): small
+    batches get enough programs for every SM, large ones need no split."""
+    config = KernelConfig()
+    for batch in (1, 2, 8, 32, 128, 256):
+        splits = num_decode_splits(batch, kv_heads=8, num_sms=132, config=config)
+        assert 1 <= splits <= config.max_splits
+        assert batch * 8 * splits >= 132 or splits == config.max_splits
+        assert splits == 1 or batch * 8 * (splits - 1) < config.programs_per_sm * 132
+    assert num_decode_splits(256, 8, 132, config) == 1
+    assert num_decode_splits(1, 8, 132, KernelConfig(decode_splits=5)) == 5
+
+
+def test_default_config():
+    """The backend's own choices (tile sizes for the dtype, automatic splits) on a decode and a ragged batch."""
+    Case(DECODE_KV, [1] * len(DECODE_KV), 4, 2, 16, 16, seed=4).check()
+    Case(RAGGED_KV, RAGGED_EXT, 4, 2, 16, 16, seed=4).check()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="bf16 tensor-core paths compile only on a GPU")
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("heads,kv_heads", [(16, 8), (32, 8)])
+def test_bf16_matches_torch(heads, kv_heads, page_size):
+    Case(RAGGED_KV, RAGGED_EXT, heads, kv_heads, 128, page_size, torch.bfloat16, seed=5).check()
+    Case(DECODE_KV, [1] * len(DECODE_KV), heads, kv_heads, 128, page_size, torch.bfloat16, padded=3, seed=6).check()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+def test_decode_replays_in_cuda_graph():
+    """Capture prepare + forward once, then replay with other lengths and pages in the same buffers
+    (the same lengths in another order, so that the pool and page table keep their shapes)."""
+    first = Case([10, 300, 2000], [1, 1, 1], 8, 2, 128, 16, torch.bfloat16, seed=7)
+    second = Case([2000, 10, 300], [1, 1, 1], 8, 2, 128, 16, torch.bfloat16, seed=8)
+    backend = TritonBackend(first.pool, first.page_table)
+    static = first.batch
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up compiles the kernels outside the capture
+        backend.forward(LAYER, first.q, first.k, first.v, backend.prepare(static))
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = backend.forward(LAYER, first.q, first.k, first.v, backend.prepare(static))
+    for case in (first, second):
+        first.pool.k.copy_(case.pool.k)
+        first.pool.v.copy_(case.pool.v)
+        first.page_table.copy_(case.page_table)
+        for name in ("out_slots", "rows", "kv_lens", "extend_lens", "seq_lens"):
+            getattr(static, name).copy_(getattr(case.batch, name))
+        for dst, src in ((first.q, case.q), (first.k, case.k), (first.v, case.v)):
+            dst.copy_(src)
+        graph.replay()
+        expected, _ = case.run(TorchBackend)
+        torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_rejects_unsupported_kv_dtype():
+    pool = KVPool(1, 4, 16, 2, 16, torch.int8, torch.device("cpu"))
+    with pytest.raises(ValueError, match="KV dtypes"):
+        make_backend("triton", pool, torch.zeros(2, 2, dtype=torch.int32))
+
+
+def test_llm_greedy_equals_transformers(tiny_models):
+    """End to end on the tiny qwen3 (GQA 2, head_dim 16): chunked prefill over pages of 16, then decode."""
+    path = tiny_models["qwen3"]
+    prompts = random_prompts([1, 7, 19, 40], vocab=400, seed=9)
+    with make_llm(path, attention_backend="triton", page_size=16, max_prefill_tokens=24) as llm:
+        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    assert [o.token_ids for o in outs] == hf_greedy(path, prompts, 6)
