@@ -18,7 +18,7 @@ from minisgl import LLM
 from minisgl.tools.tiny_model import make_tiny_model
 
 ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe"]
-collect_ignore = ["test_gpu_fast_path.py"] if DEVICE == "cpu" else []  # GPU-only: nothing to run here
+collect_ignore = ["gpu"] if DEVICE == "cpu" else []  # tests/gpu/ is GPU-only: nothing to run here
 
 
 @pytest.fixture(scope="session")

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from minisgl.attention.base import AttentionBackend, ForwardInput
 from minisgl.attention.torch_backend import TorchBackend
-from minisgl.attention.triton_backend import TritonBackend
 from minisgl.kvcache.pool import KVPool
 
-BACKENDS = {"torch": TorchBackend, "triton": TritonBackend}
+BACKENDS = ("torch", "triton")
 
 
 def make_backend(name: str, pool: KVPool, page_table) -> AttentionBackend:
-    if name not in BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r}; available: {', '.join(BACKENDS)}")
-    return BACKENDS[name](pool, page_table)
+    if name == "torch":
+        return TorchBackend(pool, page_table)
+    if name == "triton":  # imported on demand: Triton comes with CUDA builds of torch, not with CPU ones
+        from minisgl.attention.triton_backend import TritonBackend
+
+        return TritonBackend(pool, page_table)
+    raise ValueError(f"unknown attention backend {name!r}; available: {', '.join(BACKENDS)}")
 
 
 __all__ = ["AttentionBackend", "BACKENDS", "ForwardInput", "make_backend"]

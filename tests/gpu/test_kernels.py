@@ -1,0 +1,67 @@
+"""Kernels at full size in bf16 and replayed from CUDA graphs (GPU only: see conftest.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_fused_moe import TOL, make_experts, make_tokens
+from test_triton_attention import DECODE_KV, LAYER, RAGGED_EXT, RAGGED_KV, Case
+
+from minisgl.attention.torch_backend import TorchBackend
+from minisgl.attention.triton_backend import TritonBackend
+from minisgl.kernels.fused_moe import fused_experts
+from minisgl.layers.moe import experts_torch, route
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("heads,kv_heads", [(16, 8), (32, 8)])
+def test_attention_bf16_matches_torch(heads, kv_heads, page_size):
+    Case(RAGGED_KV, RAGGED_EXT, heads, kv_heads, 128, page_size, torch.bfloat16, seed=5).check()
+    Case(DECODE_KV, [1] * len(DECODE_KV), heads, kv_heads, 128, page_size, torch.bfloat16, padded=3, seed=6).check()
+
+
+def test_attention_decode_replays_in_cuda_graph():
+    """Capture prepare + forward once, then replay with other lengths and pages in the same buffers
+    (the same lengths in another order, so that the pool and page table keep their shapes)."""
+    first = Case([10, 300, 2000], [1, 1, 1], 8, 2, 128, 16, torch.bfloat16, seed=7)
+    second = Case([2000, 10, 300], [1, 1, 1], 8, 2, 128, 16, torch.bfloat16, seed=8)
+    backend = TritonBackend(first.pool, first.page_table)
+    static = first.batch
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up compiles the kernels outside the capture
+        backend.forward(LAYER, first.q, first.k, first.v, backend.prepare(static))
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = backend.forward(LAYER, first.q, first.k, first.v, backend.prepare(static))
+    for case in (first, second):
+        first.pool.k.copy_(case.pool.k)
+        first.pool.v.copy_(case.pool.v)
+        first.page_table.copy_(case.page_table)
+        for name in ("out_slots", "rows", "kv_lens", "extend_lens", "seq_lens"):
+            getattr(static, name).copy_(getattr(case.batch, name))
+        for dst, src in ((first.q, case.q), (first.k, case.k), (first.v, case.v)):
+            dst.copy_(src)
+        graph.replay()
+        expected, _ = case.run(TorchBackend)
+        torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_fused_moe_replays_in_cuda_graph():
+    """Captured once, replayed on new routing: nothing host-side (a sync, a data-dependent size) is baked in."""
+    num_tokens, num_experts, top_k = 8, 16, 4
+    w13, w2 = make_experts(num_experts)
+    x, logits = make_tokens(num_tokens, num_experts)
+    weights, ids = route(logits, top_k, True)
+    fused_experts(x, w13, w2, weights, ids)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_experts(x, w13, w2, weights, ids)
+    for seed in (2, 3):
+        new_x, new_logits = make_tokens(num_tokens, num_experts, seed)
+        new_weights, new_ids = route(new_logits, top_k, True)
+        for static, new in ((x, new_x), (weights, new_weights), (ids, new_ids)):
+            static.copy_(new)
+        graph.replay()
+        torch.testing.assert_close(out, experts_torch(x, w13, w2, weights, ids), rtol=TOL, atol=TOL)
