@@ -3,8 +3,15 @@
 import torch
 import torch.nn.functional as F
 
+from minisgl.kernels import TRITON_AVAILABLE, use_triton
+
+if TRITON_AVAILABLE:
+    from minisgl.kernels import activation as kernels
+
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """SwiGLU on a merged [gate | up] projection."""
+    """SwiGLU on a merged [gate | up] projection: one Triton kernel on a GPU, torch (the reference) elsewhere."""
+    if use_triton(x):
+        return kernels.silu_and_mul(x)
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up

@@ -1,0 +1,196 @@
+"""The fused Triton kernels (RMSNorm, add + RMSNorm, q/k-norm + rope, SiLU-and-mul) against the torch
+code of the layers, which is their reference and the CPU path.
+
+On the CPU the kernels run in Triton's interpreter (conftest sets TRITON_INTERPRET=1), in float32 and
+float16 (the interpreter has no bfloat16 arithmetic); on a GPU (MINISGL_TEST_DEVICE=cuda) in float32
+and bfloat16. The reference always runs on CPU copies, so on a GPU it is the torch path too.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import DEVICE
+
+from minisgl.distributed import TPGroup
+from minisgl.kernels.activation import silu_and_mul
+from minisgl.kernels.norm import add_rms_norm, rms_norm
+from minisgl.kernels.rotary import qk_norm_rope
+from minisgl.layers import activation as activation_layer
+from minisgl.layers import norm as norm_layer
+from minisgl.layers import rotary as rotary_layer
+from minisgl.layers.activation import silu_and_mul as silu_and_mul_reference
+from minisgl.layers.norm import RMSNorm
+from minisgl.layers.rotary import RotaryEmbedding
+from minisgl.models.config import ModelConfig
+from minisgl.models.decoder import DecoderLayer
+
+LOW_PRECISION = torch.float16 if DEVICE == "cpu" else torch.bfloat16
+DTYPES = [torch.float32, LOW_PRECISION]
+# The kernels round once where the reference may round after several steps: a few units in the last place.
+TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=4e-3, atol=4e-3),
+             torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}
+# (tokens, dtype). The interpreter is slow, so on the CPU the low-precision dtype (whose casts do not
+# depend on the token count) skips the largest token count; a GPU runs every pair.
+TOKENS_DTYPES = [(tokens, dtype) for tokens in (1, 7, 64) for dtype in DTYPES
+                 if DEVICE != "cpu" or tokens < 64 or dtype == torch.float32]
+TOKENS_DTYPES_IDS = [f"{tokens}-{str(dtype)[6:]}" for tokens, dtype in TOKENS_DTYPES]
+
+
+def randn(*shape: int, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape) * scale).to(dtype=dtype, device=DEVICE)
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """actual (device) against the CPU reference, in the tolerance of the reference's dtype."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    torch.testing.assert_close(actual.cpu(), expected, **TOLERANCE[expected.dtype])
+
+
+def make_norm(size: int, dtype: torch.dtype) -> RMSNorm:
+    """A CPU RMSNorm whose weight is far from all-ones and whose eps is large enough to change the
+    result, so that a kernel ignoring either fails."""
+    norm = RMSNorm(size, eps=0.05)
+    norm.weight.data = (1.0 + 0.5 * torch.randn(size)).to(dtype)
+    return norm
+
+
+@pytest.mark.parametrize("hidden", [48, 1024, 2560])
+@pytest.mark.parametrize("tokens,dtype", TOKENS_DTYPES, ids=TOKENS_DTYPES_IDS)
+def test_rms_norm(tokens: int, hidden: int, dtype: torch.dtype) -> None:
+    torch.manual_seed(tokens * hidden)
+    norm = make_norm(hidden, dtype)
+    x = randn(tokens, hidden, dtype=dtype, scale=3.0)
+    assert_close(rms_norm(x, norm.weight.to(DEVICE), norm.eps), norm(x.cpu()))
+
+
+@pytest.mark.parametrize("hidden", [48, 1024, 2560])
+@pytest.mark.parametrize("tokens,dtype", TOKENS_DTYPES, ids=TOKENS_DTYPES_IDS)
+def test_add_rms_norm(tokens: int, hidden: int, dtype: torch.dtype) -> None:
+    torch.manual_seed(tokens * hidden + 1)
+    norm = make_norm(hidden, dtype)
+    x, residual = randn(tokens, hidden, dtype=dtype), randn(tokens, hidden, dtype=dtype, scale=5.0)
+    x_before, residual_before = x.clone(), residual.clone()
+    out, new_residual = add_rms_norm(x, residual, norm.weight.to(DEVICE), norm.eps)
+    expected_out, expected_residual = norm(x.cpu(), residual.cpu())
+    assert torch.equal(new_residual.cpu(), expected_residual)  # one add in the input dtype on both sides
+    assert_close(out, expected_out)
+    assert torch.equal(x, x_before) and torch.equal(residual, residual_before)
+
+
+def test_rms_norm_strided_rows() -> None:
+    """A view whose rows are further apart than their length (a slice of a wider tensor) and a 3-D
+    input that cannot be flattened without a copy are both read correctly."""
+    torch.manual_seed(0)
+    norm = make_norm(48, torch.float32)
+    wide = randn(5, 100, dtype=torch.float32)
+    assert_close(rms_norm(wide[:, 10:58], norm.weight.to(DEVICE), norm.eps), norm(wide[:, 10:58].cpu()))
+    heads = randn(3, 4, 100, dtype=torch.float32)[:, :, :48]
+    assert_close(rms_norm(heads, norm.weight.to(DEVICE), norm.eps), norm(heads.cpu()))
+
+
+# (head_dim, q heads, kv heads): MHA, and GQA at 2:1 and 4:1 with a q head count that is no power of two.
+HEAD_SHAPES = [(16, 4, 4), (64, 12, 3), (128, 16, 8)]
+
+
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["rope", "norm+rope"])
+@pytest.mark.parametrize("head_dim,heads,kv_heads", HEAD_SHAPES)
+@pytest.mark.parametrize("tokens,dtype", TOKENS_DTYPES, ids=TOKENS_DTYPES_IDS)
+def test_qk_norm_rope(tokens: int, head_dim: int, heads: int, kv_heads: int, qk_norm: bool,
+                      dtype: torch.dtype) -> None:
+    """q and k are views of one fused qkv output, as in the decoder; positions are random, unsorted
+    and repeated, and reach far into the table."""
+    torch.manual_seed(tokens * head_dim + heads)
+    rope = RotaryEmbedding(head_dim, max_positions=4096, theta=1e6, scaling=None)
+    qkv = randn(tokens, (heads + 2 * kv_heads) * head_dim, dtype=dtype, scale=2.0)
+    q, k, _ = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q, k = q.view(tokens, heads, head_dim), k.view(tokens, kv_heads, head_dim)
+    positions = torch.randint(0, 4096, (tokens,), device=DEVICE)
+    norms = (make_norm(head_dim, dtype), make_norm(head_dim, dtype)) if qk_norm else (None, None)
+    weights = [n.weight.to(DEVICE) for n in norms] if qk_norm else [None, None]
+    qkv_before = qkv.clone()
+    q_out, k_out = qk_norm_rope(q, k, positions, rope.cos.to(DEVICE), rope.sin.to(DEVICE), *weights, eps=0.05)
+    q_ref, k_ref = rope(positions.cpu(), q.cpu(), k.cpu(), *norms)
+    assert_close(q_out, q_ref)
+    assert_close(k_out, k_ref)
+    assert torch.equal(qkv, qkv_before)
+
+
+def test_rope_llama3_table() -> None:
+    """Llama-3 scaling only changes the table; the kernel reads whatever table it is given."""
+    torch.manual_seed(0)
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 256}
+    rope = RotaryEmbedding(64, max_positions=2048, theta=5e5, scaling=scaling)
+    q, k = randn(9, 4, 64, dtype=torch.float32), randn(9, 2, 64, dtype=torch.float32)
+    positions = torch.tensor([2047, 0, 300, 255, 256, 1000, 5, 5, 1500], device=DEVICE)
+    q_out, k_out = qk_norm_rope(q, k, positions, rope.cos.to(DEVICE), rope.sin.to(DEVICE))
+    q_ref, k_ref = rope(positions.cpu(), q.cpu(), k.cpu())
+    assert_close(q_out, q_ref)
+    assert_close(k_out, k_ref)
+
+
+@pytest.mark.parametrize("intermediate", [48, 1024, 1536])
+@pytest.mark.parametrize("tokens,dtype", TOKENS_DTYPES, ids=TOKENS_DTYPES_IDS)
+def test_silu_and_mul(tokens: int, intermediate: int, dtype: torch.dtype) -> None:
+    torch.manual_seed(tokens + intermediate)
+    x = randn(tokens, 2 * intermediate, dtype=dtype, scale=4.0)
+    assert_close(silu_and_mul(x), silu_and_mul_reference(x.cpu()))
+
+
+def test_empty_batch() -> None:
+    """Zero tokens (an idle rank, an empty chunk) launch nothing and return empty tensors."""
+    weight = torch.ones(48, device=DEVICE)
+    x = torch.empty(0, 48, device=DEVICE)
+    assert rms_norm(x, weight, 1e-6).shape == (0, 48)
+    assert [t.shape for t in add_rms_norm(x, x, weight, 1e-6)] == [(0, 48), (0, 48)]
+    assert silu_and_mul(torch.empty(0, 96, device=DEVICE)).shape == (0, 48)
+    rope = RotaryEmbedding(16, 32, 1e4, None)
+    q, k = qk_norm_rope(torch.empty(0, 4, 16, device=DEVICE), torch.empty(0, 2, 16, device=DEVICE),
+                        torch.empty(0, dtype=torch.int64, device=DEVICE), rope.cos.to(DEVICE), rope.sin.to(DEVICE))
+    assert q.shape == (0, 4, 16) and k.shape == (0, 2, 16)
+
+
+def tiny_config(qk_norm: bool) -> ModelConfig:
+    """A small Qwen3-like (qk_norm) or Llama-like layer, with non-power-of-two hidden and MLP sizes."""
+    return ModelConfig(architecture="test", vocab_size=64, hidden_size=96, intermediate_size=160, num_layers=1,
+                       num_heads=6, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=512,
+                       rope_theta=1e4, rope_scaling=None, tie_word_embeddings=False, qkv_bias=False,
+                       o_proj_bias=False, qk_norm=qk_norm, dtype=torch.float32)
+
+
+def causal_attention(layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True,
+                                         enable_gqa=True)
+    return out.transpose(0, 1).reshape(q.shape[0], -1)
+
+
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["llama", "qwen3"])
+def test_decoder_layer_uses_kernels(qk_norm: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole decoder layer through the layers' fused path (forced on the CPU, where it would
+    otherwise take the torch path) equals the torch path: the kernels are wired in with the right
+    arguments, views and return values, both for the first layer and for one with a residual."""
+    torch.manual_seed(0)
+    config = tiny_config(qk_norm)
+    layer = DecoderLayer(config, 0, TPGroup())
+    for name, param in layer.named_parameters():
+        param.data = 1.0 + 0.3 * torch.randn(param.shape) if "norm" in name else 0.2 * torch.randn(param.shape)
+    rope = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta, None)
+    x, residual = torch.randn(7, config.hidden_size), torch.randn(7, config.hidden_size)
+    positions = torch.tensor([3, 4, 5, 6, 7, 8, 9])
+    with torch.no_grad():
+        expected = [layer(x, None, positions, rope, causal_attention),
+                    layer(x, residual, positions, rope, causal_attention)]
+        if DEVICE == "cpu":
+            for module in (norm_layer, rotary_layer, activation_layer):
+                monkeypatch.setattr(module, "use_triton", lambda tensor: True)
+        layer, rope = copy.deepcopy(layer).to(DEVICE), copy.deepcopy(rope).to(DEVICE)
+        x, residual, positions = x.to(DEVICE), residual.to(DEVICE), positions.to(DEVICE)
+        actual = [layer(x, None, positions, rope, causal_attention),
+                  layer(x, residual, positions, rope, causal_attention)]
+    for (out, res), (expected_out, expected_res) in zip(actual, expected):
+        assert_close(out, expected_out)
+        assert_close(res, expected_res)
