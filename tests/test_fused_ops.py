@@ -1,9 +1,9 @@
 """The fused Triton kernels (RMSNorm, add + RMSNorm, q/k-norm + rope, SiLU-and-mul) against the torch
-code of the layers, which is their reference and the CPU path.
+code of the layers (`forward_torch`, `silu_and_mul_torch`), which is their reference and the CPU path.
 
 On the CPU the kernels run in Triton's interpreter (conftest sets TRITON_INTERPRET=1), in float32 and
 float16 (the interpreter has no bfloat16 arithmetic); on a GPU (MINISGL_TEST_DEVICE=cuda) in float32
-and bfloat16. The reference always runs on CPU copies, so on a GPU it is the torch path too.
+and bfloat16.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from minisgl.kernels.rotary import qk_norm_rope
 from minisgl.layers import activation as activation_layer
 from minisgl.layers import norm as norm_layer
 from minisgl.layers import rotary as rotary_layer
-from minisgl.layers.activation import silu_and_mul as silu_and_mul_reference
+from minisgl.layers.activation import silu_and_mul_torch
 from minisgl.layers.norm import RMSNorm
 from minisgl.layers.rotary import RotaryEmbedding
 from minisgl.models.config import ModelConfig
@@ -45,17 +45,17 @@ def randn(*shape: int, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    """actual (device) against the CPU reference, in the tolerance of the reference's dtype."""
+    """actual against the reference, in the tolerance of the reference's dtype."""
     assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    torch.testing.assert_close(actual.cpu(), expected, **TOLERANCE[expected.dtype])
+    torch.testing.assert_close(actual.cpu(), expected.cpu(), **TOLERANCE[expected.dtype])
 
 
 def make_norm(size: int, dtype: torch.dtype) -> RMSNorm:
-    """A CPU RMSNorm whose weight is far from all-ones and whose eps is large enough to change the
+    """An RMSNorm whose weight is far from all-ones and whose eps is large enough to change the
     result, so that a kernel ignoring either fails."""
     norm = RMSNorm(size, eps=0.05)
     norm.weight.data = (1.0 + 0.5 * torch.randn(size)).to(dtype)
-    return norm
+    return norm.to(DEVICE)
 
 
 @pytest.mark.parametrize("hidden", [48, 1024, 2560])
@@ -64,7 +64,7 @@ def test_rms_norm(tokens: int, hidden: int, dtype: torch.dtype) -> None:
     torch.manual_seed(tokens * hidden)
     norm = make_norm(hidden, dtype)
     x = randn(tokens, hidden, dtype=dtype, scale=3.0)
-    assert_close(rms_norm(x, norm.weight.to(DEVICE), norm.eps), norm(x.cpu()))
+    assert_close(rms_norm(x, norm.weight, norm.eps), norm.forward_torch(x))
 
 
 @pytest.mark.parametrize("hidden", [48, 1024, 2560])
@@ -74,9 +74,9 @@ def test_add_rms_norm(tokens: int, hidden: int, dtype: torch.dtype) -> None:
     norm = make_norm(hidden, dtype)
     x, residual = randn(tokens, hidden, dtype=dtype), randn(tokens, hidden, dtype=dtype, scale=5.0)
     x_before, residual_before = x.clone(), residual.clone()
-    out, new_residual = add_rms_norm(x, residual, norm.weight.to(DEVICE), norm.eps)
-    expected_out, expected_residual = norm(x.cpu(), residual.cpu())
-    assert torch.equal(new_residual.cpu(), expected_residual)  # one add in the input dtype on both sides
+    out, new_residual = add_rms_norm(x, residual, norm.weight, norm.eps)
+    expected_out, expected_residual = norm.forward_torch(x, residual)
+    assert torch.equal(new_residual, expected_residual)  # one add in the input dtype on both sides
     assert_close(out, expected_out)
     assert torch.equal(x, x_before) and torch.equal(residual, residual_before)
 
@@ -87,9 +87,9 @@ def test_rms_norm_strided_rows() -> None:
     torch.manual_seed(0)
     norm = make_norm(48, torch.float32)
     wide = randn(5, 100, dtype=torch.float32)
-    assert_close(rms_norm(wide[:, 10:58], norm.weight.to(DEVICE), norm.eps), norm(wide[:, 10:58].cpu()))
+    assert_close(rms_norm(wide[:, 10:58], norm.weight, norm.eps), norm.forward_torch(wide[:, 10:58]))
     heads = randn(3, 4, 100, dtype=torch.float32)[:, :, :48]
-    assert_close(rms_norm(heads, norm.weight.to(DEVICE), norm.eps), norm(heads.cpu()))
+    assert_close(rms_norm(heads, norm.weight, norm.eps), norm.forward_torch(heads))
 
 
 # (head_dim, q heads, kv heads): MHA, and GQA at 2:1 and 4:1 with a q head count that is no power of two.
@@ -104,16 +104,16 @@ def test_qk_norm_rope(tokens: int, head_dim: int, heads: int, kv_heads: int, qk_
     """q and k are views of one fused qkv output, as in the decoder; positions are random, unsorted
     and repeated, and reach far into the table."""
     torch.manual_seed(tokens * head_dim + heads)
-    rope = RotaryEmbedding(head_dim, max_positions=4096, theta=1e6, scaling=None)
+    rope = RotaryEmbedding(head_dim, max_positions=4096, theta=1e6, scaling=None).to(DEVICE)
     qkv = randn(tokens, (heads + 2 * kv_heads) * head_dim, dtype=dtype, scale=2.0)
     q, k, _ = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
     q, k = q.view(tokens, heads, head_dim), k.view(tokens, kv_heads, head_dim)
     positions = torch.randint(0, 4096, (tokens,), device=DEVICE)
     norms = (make_norm(head_dim, dtype), make_norm(head_dim, dtype)) if qk_norm else (None, None)
-    weights = [n.weight.to(DEVICE) for n in norms] if qk_norm else [None, None]
+    weights = [n.weight for n in norms] if qk_norm else [None, None]
     qkv_before = qkv.clone()
-    q_out, k_out = qk_norm_rope(q, k, positions, rope.cos.to(DEVICE), rope.sin.to(DEVICE), *weights, eps=0.05)
-    q_ref, k_ref = rope(positions.cpu(), q.cpu(), k.cpu(), *norms)
+    q_out, k_out = qk_norm_rope(q, k, positions, rope.cos, rope.sin, *weights, eps=0.05)
+    q_ref, k_ref = rope.forward_torch(positions, q, k, *norms)
     assert_close(q_out, q_ref)
     assert_close(k_out, k_ref)
     assert torch.equal(qkv, qkv_before)
@@ -124,11 +124,11 @@ def test_rope_llama3_table() -> None:
     torch.manual_seed(0)
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 256}
-    rope = RotaryEmbedding(64, max_positions=2048, theta=5e5, scaling=scaling)
+    rope = RotaryEmbedding(64, max_positions=2048, theta=5e5, scaling=scaling).to(DEVICE)
     q, k = randn(9, 4, 64, dtype=torch.float32), randn(9, 2, 64, dtype=torch.float32)
     positions = torch.tensor([2047, 0, 300, 255, 256, 1000, 5, 5, 1500], device=DEVICE)
-    q_out, k_out = qk_norm_rope(q, k, positions, rope.cos.to(DEVICE), rope.sin.to(DEVICE))
-    q_ref, k_ref = rope(positions.cpu(), q.cpu(), k.cpu())
+    q_out, k_out = qk_norm_rope(q, k, positions, rope.cos, rope.sin)
+    q_ref, k_ref = rope.forward_torch(positions, q, k)
     assert_close(q_out, q_ref)
     assert_close(k_out, k_ref)
 
@@ -138,7 +138,7 @@ def test_rope_llama3_table() -> None:
 def test_silu_and_mul(tokens: int, intermediate: int, dtype: torch.dtype) -> None:
     torch.manual_seed(tokens + intermediate)
     x = randn(tokens, 2 * intermediate, dtype=dtype, scale=4.0)
-    assert_close(silu_and_mul(x), silu_and_mul_reference(x.cpu()))
+    assert_close(silu_and_mul(x), silu_and_mul_torch(x))
 
 
 def test_empty_batch() -> None:

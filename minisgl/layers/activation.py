@@ -10,8 +10,11 @@ if TRITON_AVAILABLE:
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """SwiGLU on a merged [gate | up] projection: one Triton kernel on a GPU, torch (the reference) elsewhere."""
-    if use_triton(x):
-        return kernels.silu_and_mul(x)
+    """SwiGLU on a merged [gate | up] projection: one Triton kernel on a GPU, `silu_and_mul_torch` (the
+    kernel's reference) elsewhere."""
+    return kernels.silu_and_mul(x) if use_triton(x) else silu_and_mul_torch(x)
+
+
+def silu_and_mul_torch(x: torch.Tensor) -> torch.Tensor:
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up

@@ -25,11 +25,14 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """Without residual: norm(x). With it: (norm(x + residual), x + residual). On a GPU, one Triton
-        kernel does either; the torch code below is its reference and the CPU path."""
-        if use_triton(x):
-            if residual is None:
-                return rms_norm(x, self.weight, self.eps)
-            return add_rms_norm(x, residual, self.weight, self.eps)
+        kernel does either; elsewhere `forward_torch`, which is also the kernels' reference."""
+        if not use_triton(x):
+            return self.forward_torch(x, residual)
+        if residual is None:
+            return rms_norm(x, self.weight, self.eps)
+        return add_rms_norm(x, residual, self.weight, self.eps)
+
+    def forward_torch(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is None:
             return self.norm(x)
         x = x + residual
