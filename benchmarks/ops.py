@@ -6,7 +6,8 @@ Each op is timed as the engine runs it under CUDA graphs: a graph of `--calls` b
 captured and replayed, and the time per call is the replay time divided by the calls, so CPU launch
 overhead is excluded and the GPU's per-kernel cost is included. The `layer x N` row adds one layer's
 ops (two add+RMSNorm, one q/k-norm+rope, one SiLU-and-mul) and multiplies by the model's layer count:
-what these ops cost per forward step. Prints one table.
+what these ops cost per forward step. At decode sizes, `sampling` compares `Sampler.sample` on
+temperature-only rows with the fused exponential race (tokens = batch rows). Prints one table.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ from typing import Callable
 
 import torch
 
+from minisgl.core import SamplingParams
+from minisgl.engine.sampler import Sampler
 from minisgl.kernels.activation import silu_and_mul
 from minisgl.kernels.norm import add_rms_norm
 from minisgl.kernels.rotary import qk_norm_rope
+from minisgl.kernels.sampling import sample_exponential_race
 from minisgl.layers.activation import silu_and_mul_torch
 from minisgl.layers.norm import RMSNorm
 from minisgl.layers.rotary import RotaryEmbedding
@@ -33,12 +37,15 @@ class Dims:
     kv_heads: int
     head_dim: int
     layers: int
+    vocab: int
 
 
 # From the models' config.json files (TP = 1).
 MODELS = {
-    "qwen3-0.6b": Dims(hidden=1024, intermediate=3072, heads=16, kv_heads=8, head_dim=128, layers=28),
-    "qwen3-8b": Dims(hidden=4096, intermediate=12288, heads=32, kv_heads=8, head_dim=128, layers=36),
+    "qwen3-0.6b": Dims(hidden=1024, intermediate=3072, heads=16, kv_heads=8, head_dim=128, layers=28,
+                         vocab=151936),
+    "qwen3-8b": Dims(hidden=4096, intermediate=12288, heads=32, kv_heads=8, head_dim=128, layers=36,
+                       vocab=151936),
 }
 
 
@@ -88,6 +95,22 @@ def op_pairs(dims: Dims, tokens: int) -> dict[str, tuple[Callable[[], object], C
     }
 
 
+def sampling_pair(dims: Dims, batch: int) -> tuple[Callable[[], object], Callable[[], object]]:
+    """(Sampler.sample, the fused race) on `batch` rows sampling at temperature 0.6 from random logits."""
+    sampler = Sampler(batch, dims.vocab, "cuda")
+    for row in range(batch):
+        sampler.prepare_row(row, SamplingParams(temperature=0.6), row, [1], [], [])
+    rows = torch.arange(batch, device="cuda")
+    logits = torch.randn(batch, dims.vocab, device="cuda")
+    temperature, seeds, generated = sampler.floats[:, 0], sampler.ints[:, 2:], sampler.generated
+    return (lambda: sampler.sample(logits, rows),
+            lambda: sample_exponential_race(logits, temperature, seeds, generated))
+
+
+def print_row(model: str, tokens: int, op: str, t_torch: float, t_fused: float) -> None:
+    print(f"{model:<11} {tokens:>6} {op:<15} {t_torch:>10.1f} {t_fused:>10.1f} {t_torch / t_fused:>7.1f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
@@ -106,11 +129,12 @@ def main() -> None:
                     t_torch = time_per_call(reference, args.calls, args.replays)
                     t_fused = time_per_call(fused, args.calls, args.replays)
                     step_torch, step_fused = step_torch + per_layer * t_torch, step_fused + per_layer * t_fused
-                    print(f"{name:<11} {tokens:>6} {op:<15} {t_torch:>10.1f} {t_fused:>10.1f} "
-                          f"{t_torch / t_fused:>7.1f}x")
-                step = f"layer x {dims.layers}"
-                print(f"{name:<11} {tokens:>6} {step:<15} {step_torch * dims.layers:>10.1f} "
-                      f"{step_fused * dims.layers:>10.1f} {step_torch / step_fused:>7.1f}x")
+                    print_row(name, tokens, op, t_torch, t_fused)
+                print_row(name, tokens, f"layer x {dims.layers}", step_torch * dims.layers, step_fused * dims.layers)
+                if tokens <= 1024:
+                    reference, fused = sampling_pair(dims, tokens)
+                    print_row(name, tokens, "sampling", time_per_call(reference, args.calls, args.replays),
+                        time_per_call(fused, args.calls, args.replays))
 
 
 if __name__ == "__main__":

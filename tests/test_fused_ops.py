@@ -1,5 +1,6 @@
 """The fused Triton kernels (RMSNorm, add + RMSNorm, q/k-norm + rope, SiLU-and-mul) against the torch
-code of the layers (`forward_torch`, `silu_and_mul_torch`), which is their reference and the CPU path.
+code of the layers (`forward_torch`, `silu_and_mul_torch`), which is their reference and the CPU path;
+the fused sampling kernel against `Sampler.sample`.
 
 On the CPU the kernels run in Triton's interpreter (conftest sets TRITON_INTERPRET=1), in float32 and
 float16 (the interpreter has no bfloat16 arithmetic); on a GPU (MINISGL_TEST_DEVICE=cuda) in float32
@@ -9,16 +10,20 @@ and bfloat16.
 from __future__ import annotations
 
 import copy
+import random
 
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import DEVICE
 
+from minisgl.core import SamplingParams
 from minisgl.distributed import TPGroup
+from minisgl.engine.sampler import Sampler
 from minisgl.kernels.activation import silu_and_mul
 from minisgl.kernels.norm import add_rms_norm, rms_norm
 from minisgl.kernels.rotary import qk_norm_rope
+from minisgl.kernels.sampling import sample_exponential_race
 from minisgl.layers import activation as activation_layer
 from minisgl.layers import norm as norm_layer
 from minisgl.layers import rotary as rotary_layer
@@ -126,7 +131,8 @@ def test_rope_llama3_table() -> None:
                "original_max_position_embeddings": 256}
     rope = RotaryEmbedding(64, max_positions=2048, theta=5e5, scaling=scaling).to(DEVICE)
     q, k = randn(9, 4, 64, dtype=torch.float32), randn(9, 2, 64, dtype=torch.float32)
-    positions = torch.tensor([2047, 0, 300, 255, 256, 1000, 5, 5, 1500], device=DEVICE)
+    positions = torch.tensor([2047, 0, 300, 255, 256, 1000, 5, 5, 1500], device=DEVICE).repeat_interleave(2)[::2]
+    assert positions.stride(0) == 2
     q_out, k_out = qk_norm_rope(q, k, positions, rope.cos, rope.sin)
     q_ref, k_ref = rope.forward_torch(positions, q, k)
     assert_close(q_out, q_ref)
@@ -194,3 +200,38 @@ def test_decoder_layer_uses_kernels(qk_norm: bool, monkeypatch: pytest.MonkeyPat
     for (out, res), (expected_out, expected_res) in zip(actual, expected):
         assert_close(out, expected_out)
         assert_close(res, expected_res)
+
+
+def test_sample_exponential_race_matches_sampler() -> None:
+    """The kernel picks the token `Sampler.sample` picks for plain temperature (and greedy) rows: rows
+    in any order, 64-bit seeds, various generated counts, banned (-inf) ids, and a vocabulary of several
+    chunks with a partial last one. Where the tokens differ, the two tokens' race scores must tie within
+    float32 rounding."""
+    torch.manual_seed(0)
+    rng = random.Random(0)
+    batch, vocab = 6, 5000
+    sampler = Sampler(max_rows=16, vocab_size=vocab, device=DEVICE)
+    rows = torch.tensor(rng.sample(range(16), batch), device=DEVICE)
+    for i, row in enumerate(rows.tolist()):
+        params = SamplingParams(temperature=[0.0, 0.7, 1.0, 1.0, 1.5, 2.0][i])
+        sampler.prepare_row(row, params, rng.getrandbits(64), [1, 2, 3], [7] * rng.randrange(0, 3000), [])
+    logits = randn(batch, vocab, dtype=torch.float32, scale=2.0)
+    logits[:, rng.sample(range(vocab), 100)] = float("-inf")
+    # Strided views, as slices of the sampler's state tensors are.
+    temperature, seeds = sampler.floats[rows][:, 0], sampler.ints[rows][:, 2:]
+    generated = torch.stack([sampler.generated[rows]] * 2, dim=1)[:, 0]
+    noise = sampler._exponential(rows)  # the reference's Exp(1) draws, for the tie check below
+
+    tokens = sample_exponential_race(logits, temperature, seeds, generated)
+    expected = sampler.sample(logits, rows).token_ids
+
+    assert tokens.dtype == torch.int64 and tokens.shape == (batch,)
+    greedy = temperature == 0
+    assert torch.equal(tokens[greedy], logits[greedy].argmax(-1))
+    # The noise decides: most sampled rows do not take the argmax, so a kernel ignoring it would fail.
+    assert (expected[~greedy] != logits[~greedy].argmax(-1)).sum() >= 3
+    scores = logits.double() / torch.where(greedy, 1.0, temperature).double()[:, None] - noise.double().log()
+    for row in torch.nonzero(tokens != expected).flatten().tolist():
+        ours, theirs = scores[row, tokens[row]], scores[row, expected[row]]
+        assert abs(ours - theirs) <= 1e-5 * abs(theirs), f"row {row}: {tokens[row]} vs {expected[row]}"
+    assert (tokens == expected).sum() >= batch - 1

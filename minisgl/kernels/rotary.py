@@ -37,12 +37,12 @@ def _norm_rope_heads(src, head_stride, dst, n_heads, weight_ptr, eps, cos, sin,
 
 @triton.jit
 def _qk_norm_rope_kernel(q_ptr, q_token_stride, q_head_stride, k_ptr, k_token_stride, k_head_stride,
-                         q_out_ptr, k_out_ptr, positions_ptr, cos_ptr, sin_ptr, table_stride,
+                         q_out_ptr, k_out_ptr, positions_ptr, positions_stride, cos_ptr, sin_ptr, table_stride,
                          q_weight_ptr, k_weight_ptr, eps, n_q_heads, n_k_heads,
                          HALF: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                          BLOCK_HALF: tl.constexpr, NORM: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
-    position = tl.load(positions_ptr + token).to(tl.int64)
+    position = tl.load(positions_ptr + token * positions_stride).to(tl.int64)
     dims = tl.arange(0, BLOCK_HALF)[None, :]
     cos = tl.load(cos_ptr + position * table_stride + dims, mask=dims < HALF, other=0.0).to(tl.float32)
     sin = tl.load(sin_ptr + position * table_stride + dims, mask=dims < HALF, other=0.0).to(tl.float32)
@@ -57,7 +57,8 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos:
                  eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, heads, D] and k [T, kv_heads, D] (any strides with unit stride along D, e.g. views of a
     fused qkv output) -> new contiguous (q, k), rotated by the rows `positions` [T] of the cos/sin
-    tables; with q_weight/k_weight [D] (both or neither), each head is RMS-normalised first."""
+    tables ([max_positions, D], equal strides); with q_weight/k_weight [D] (both or neither), each
+    head is RMS-normalised first."""
     if (q_weight is None) != (k_weight is None):
         raise ValueError("q_weight and k_weight come together")
     tokens, n_q, dim = q.shape
@@ -73,8 +74,8 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos:
     norm = q_weight is not None
     block_q, block_half = triton.next_power_of_2(n_q), triton.next_power_of_2(dim // 2)
     _qk_norm_rope_kernel[(tokens,)](
-        q, q.stride(0), q.stride(1), k, k.stride(0), k.stride(1), q_out, k_out, positions, cos, sin, cos.stride(0),
-        q_weight if norm else q, k_weight if norm else k, eps, n_q, n_k,
+        q, q.stride(0), q.stride(1), k, k.stride(0), k.stride(1), q_out, k_out, positions, positions.stride(0),
+        cos, sin, cos.stride(0), q_weight if norm else q, k_weight if norm else k, eps, n_q, n_k,
         HALF=dim // 2, BLOCK_Q=block_q, BLOCK_K=triton.next_power_of_2(n_k), BLOCK_HALF=block_half, NORM=norm,
         num_warps=4 if block_q * block_half <= 2048 else 8)
     return q_out, k_out
