@@ -9,7 +9,6 @@ and bfloat16.
 
 from __future__ import annotations
 
-import copy
 import random
 
 import pytest
@@ -176,28 +175,30 @@ def causal_attention(layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.T
 
 @pytest.mark.parametrize("qk_norm", [False, True], ids=["llama", "qwen3"])
 def test_decoder_layer_uses_kernels(qk_norm: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A whole decoder layer through the layers' fused path (forced on the CPU, where it would
-    otherwise take the torch path) equals the torch path: the kernels are wired in with the right
-    arguments, views and return values, both for the first layer and for one with a residual."""
+    """A whole decoder layer with its layers routed to the kernels equals the same layer routed to the
+    torch path (both forced, on the test device): the kernels are wired in with the right arguments,
+    views and return values, for the first layer (no residual yet) and for a later one."""
     torch.manual_seed(0)
     config = tiny_config(qk_norm)
-    layer = DecoderLayer(config, 0, TPGroup())
+    layer = DecoderLayer(config, 0, TPGroup()).to(DEVICE)
     for name, param in layer.named_parameters():
-        param.data = 1.0 + 0.3 * torch.randn(param.shape) if "norm" in name else 0.2 * torch.randn(param.shape)
-    rope = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta, None)
-    x, residual = torch.randn(7, config.hidden_size), torch.randn(7, config.hidden_size)
-    positions = torch.tensor([3, 4, 5, 6, 7, 8, 9])
-    with torch.no_grad():
-        expected = [layer(x, None, positions, rope, causal_attention),
-                    layer(x, residual, positions, rope, causal_attention)]
-        if DEVICE == "cpu":
-            for module in (norm_layer, rotary_layer, activation_layer):
-                monkeypatch.setattr(module, "use_triton", lambda tensor: True)
-        layer, rope = copy.deepcopy(layer).to(DEVICE), copy.deepcopy(rope).to(DEVICE)
-        x, residual, positions = x.to(DEVICE), residual.to(DEVICE), positions.to(DEVICE)
-        actual = [layer(x, None, positions, rope, causal_attention),
-                  layer(x, residual, positions, rope, causal_attention)]
-    for (out, res), (expected_out, expected_res) in zip(actual, expected):
+        init = 1.0 + 0.3 * torch.randn(param.shape) if "norm" in name else 0.2 * torch.randn(param.shape)
+        param.data = init.to(DEVICE)
+    rope = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta, None).to(DEVICE)
+    x, residual = randn(7, config.hidden_size, dtype=torch.float32), randn(7, config.hidden_size, dtype=torch.float32)
+    positions = torch.tensor([3, 4, 5, 6, 7, 8, 9], device=DEVICE)
+
+    def run(fused: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        asked = []
+        for module in (norm_layer, rotary_layer, activation_layer):
+            monkeypatch.setattr(module, "use_triton", lambda tensor: asked.append(tensor) or fused)
+        with torch.no_grad():
+            outputs = [layer(x, None, positions, rope, causal_attention),
+                       layer(x, residual, positions, rope, causal_attention)]
+        assert len(asked) == 2 * 4  # two norms, rope and the activation, in each call
+        return outputs
+
+    for (out, res), (expected_out, expected_res) in zip(run(fused=True), run(fused=False)):
         assert_close(out, expected_out)
         assert_close(res, expected_res)
 
