@@ -7,6 +7,14 @@ import math
 import torch
 from torch import nn
 
+from minisgl.kernels import TRITON_AVAILABLE, use_triton
+from minisgl.layers.norm import RMSNorm
+
+if TRITON_AVAILABLE:
+    from minisgl.kernels.rotary import qk_norm_rope
+
+QK = tuple[torch.Tensor, torch.Tensor]
+
 
 def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     """Llama 3.1's long-context rule: keep high frequencies, divide low ones by `factor`, and blend
@@ -33,8 +41,22 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q: [T, heads, head_dim], k: [T, kv_heads, head_dim], positions: [T]."""
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None) -> QK:
+        """q: [T, heads, head_dim], k: [T, kv_heads, head_dim], positions: [T]. With q_norm and k_norm
+        (Qwen3), each head is RMS-normalised before the rotation. On a GPU one Triton kernel does all
+        of it for every head of a token; elsewhere `forward_torch`, which is also the kernel's reference."""
+        if not use_triton(q):
+            return self.forward_torch(positions, q, k, q_norm, k_norm)
+        if q_norm is None:
+            return qk_norm_rope(q, k, positions, self.cos, self.sin)
+        assert q_norm.eps == k_norm.eps, "the fused kernel takes one eps for both norms"
+        return qk_norm_rope(q, k, positions, self.cos, self.sin, q_norm.weight, k_norm.weight, q_norm.eps)
+
+    def forward_torch(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                      q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None) -> QK:
+        if q_norm is not None:
+            q, k = q_norm.norm(q), k_norm.norm(k)
         cos = self.cos[positions].unsqueeze(1).to(q.dtype)
         sin = self.sin[positions].unsqueeze(1).to(q.dtype)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin

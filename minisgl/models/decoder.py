@@ -47,9 +47,7 @@ class Attention(nn.Module):
         t, d = x.shape[0], self.head_dim
         q, k, v = self.qkv_proj(x).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
         q, k, v = q.view(t, self.heads, d), k.view(t, self.kv_heads, d), v.view(t, self.kv_heads, d)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(positions, q, k)
+        q, k = rope(positions, q, k, self.q_norm, self.k_norm)  # Qwen3's per-head q/k norm (if any), then rope
         return self.o_proj(attend(self.layer_id, q, k, v))
 
 
