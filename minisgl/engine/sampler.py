@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from minisgl.core import SamplingParams
+from minisgl.kernels import use_triton
 
 _M32 = 0xFFFFFFFF
 
@@ -64,10 +65,11 @@ class Sampler:
         self.counts: torch.Tensor | None = None  # output token counts (float32)
         self.in_prompt: torch.Tensor | None = None  # prompt token presence (bool)
         self.banned: torch.Tensor | None = None  # ids banned before min_tokens (bool)
-        # Rows that sample randomly / need the sort for top-k or top-p, so that `sample` can skip that
-        # work without a device sync when no running request needs it.
+        # Rows that sample randomly / need the sort for top-k or top-p / use min-p, so that `sample` can
+        # skip that work, or take the fused kernel, without a device sync.
         self._random: set[int] = set()
         self._sorting: set[int] = set()
+        self._min_p: set[int] = set()
 
     def _ids(self, ids: list[int]) -> torch.Tensor:
         return torch.tensor(ids, dtype=torch.int64, device=self.device)
@@ -84,6 +86,7 @@ class Sampler:
         self.generated[row] = len(output_ids)
         (self._random.add if not p.greedy else self._random.discard)(row)
         (self._sorting.add if not p.greedy and (top_k < vocab or p.top_p < 1) else self._sorting.discard)(row)
+        (self._min_p.add if not p.greedy and p.min_p > 0 else self._min_p.discard)(row)
         # Rows without penalties keep whatever counts are left in their row: neutral penalties ignore them.
         if p.has_penalties:
             if self.counts is None:
@@ -102,6 +105,7 @@ class Sampler:
         """The row's request left: greedy batches after it need not pay for random sampling."""
         self._random.discard(row)
         self._sorting.discard(row)
+        self._min_p.discard(row)
 
     @property
     def needs_random(self) -> bool:
@@ -144,6 +148,29 @@ class Sampler:
         logits = logits.float()
         logprobs = torch.log_softmax(logits, -1) if top_n is not None else None
         processed = self.process_logits(logits, rows)
+        if self._random and not (self._sorting or self._min_p) and use_triton(processed):
+            tokens = self._race_fused(processed, rows)
+        else:
+            tokens = self._race_torch(processed, rows)
+        self.generated[rows] += 1
+        if self.counts is not None:  # every row: a row without penalties ignores its counts
+            self.counts[rows, tokens] += 1
+        if logprobs is None:
+            return SampleOutput(tokens, None, None, None)
+        top = logprobs.topk(top_n, -1)
+        return SampleOutput(tokens, logprobs.gather(-1, tokens[:, None])[:, 0], top.indices, top.values)
+
+    def _race_fused(self, processed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Step 5 for rows with temperature only, in one pass over the logits (the same tokens, up to
+        float rounding on near-ties: see kernels/sampling.py)."""
+        from minisgl.kernels.sampling import sample_exponential_race
+
+        temperature = self.floats[rows, 0]
+        temperature = temperature.masked_fill(self.ints[rows, 0] == 1, 0.0)  # top_k 1 is greedy too
+        return sample_exponential_race(processed, temperature, self.ints[rows, 2:], self.generated[rows])
+
+    def _race_torch(self, processed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Steps 4-5 in torch: the reference, and the path for top-k, top-p and min-p."""
         tokens = processed.argmax(-1)
         if self._random:
             temperature, top_p, min_p = self.floats[rows, :3].T.unsqueeze(-1)
@@ -152,12 +179,7 @@ class Sampler:
             probs = torch.softmax(processed / torch.where(greedy, 1.0, temperature), -1)
             if self._sorting:
                 probs = self._top_k_top_p(probs, top_k, top_p)
-            probs = probs.masked_fill(probs < min_p * probs.amax(-1, keepdim=True), 0)
+            if self._min_p:
+                probs = probs.masked_fill(probs < min_p * probs.amax(-1, keepdim=True), 0)
             tokens = torch.where(greedy[:, 0], tokens, (probs / self._exponential(rows)).argmax(-1))
-        self.generated[rows] += 1
-        if self.counts is not None:  # every row: a row without penalties ignores its counts
-            self.counts[rows, tokens] += 1
-        if logprobs is None:
-            return SampleOutput(tokens, None, None, None)
-        top = logprobs.topk(top_n, -1)
-        return SampleOutput(tokens, logprobs.gather(-1, tokens[:, None])[:, 0], top.indices, top.values)
+        return tokens
