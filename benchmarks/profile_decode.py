@@ -1,52 +1,92 @@
-"""Where a decode step's GPU time goes: the top kernels of a few decode steps, per batch size.
+"""Where a decode step's time goes, on the GPU and on the CPU.
 
-    python benchmarks/profile_decode.py --config .bench_models/qwen3-0.6b.json --batch 1 256
+    python benchmarks/profile_decode.py --config .bench_models/qwen3-0.6b.json --batch 1 256 --context 800
+    python benchmarks/profile_decode.py --config .bench_models/qwen3-0.6b.json --workload w3
 
-Eager (no CUDA graphs), so the profiler sees every kernel; a kernel's time is the same in a graph.
+decode: for each batch size, the top kernels of a few decode steps run eagerly (so the profiler sees
+every kernel; a kernel takes the same time inside a CUDA graph), then the wall time per step of the
+real engine (CUDA graphs, overlap) over the same steps: the gap between the two is host overhead.
+w3: the shared-prefix workload of offline.py under cProfile (host hot spots) and the kernel profiler.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import random
+import time
 
 import torch
-from offline import model_dir
+from offline import model_dir, w3
 
 from minisgl import LLM, SamplingParams
 from minisgl.core import Req
 from minisgl.scheduler import AddReq
 
 
+def top_kernels(prof: torch.profiler.profile, per: int, top: int) -> None:
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    total = sum(e.device_time_total for e in events)
+    print(f"{total / per / 1000:.3f} ms of kernels per step")
+    for e in sorted(events, key=lambda e: -e.device_time_total)[:top]:
+        print(f"{e.device_time_total / per:9.1f} us/step {e.count / per:6.1f}x  {e.key[:90]}")
+
+
+def decode_steps(llm: LLM, prompts: list[list[int]], steps: int, profile: bool, top: int) -> float:
+    """Prefill the prompts, then time (and maybe profile) `steps` decode ticks; ms per tick."""
+    sched = llm.scheduler
+    params = SamplingParams(temperature=0.6, max_tokens=steps + 4, ignore_eos=True)
+    sched.tick([AddReq(Req(10**6 + i, p, params, seed=i)) for i, p in enumerate(prompts)])
+    for _ in range(2):  # past the prefill, into steady decode
+        sched.tick([])
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CUDA] if profile else []
+    with torch.profiler.profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            sched.tick([])
+        torch.cuda.synchronize()
+        ms = 1000 * (time.perf_counter() - start) / steps
+    if profile:
+        top_kernels(prof, steps, top)
+    while sched.has_work:
+        sched.tick([])
+    sched.finished.clear()
+    return ms
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True)
+    parser.add_argument("--workload", choices=["decode", "w3"], default="decode")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 256])
-    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--context", type=int, default=800)
     parser.add_argument("--steps", type=int, default=16)
-    parser.add_argument("--top", type=int, default=20)
-    parser.add_argument("--temperature", type=float, default=0.6)
+    parser.add_argument("--top", type=int, default=16)
     args = parser.parse_args()
-    llm = LLM(model_dir(args.config), dtype="bfloat16", dummy_weights=True, max_seq_len=4096,
-              cuda_graph_max_bs=0, overlap_schedule=False)
+    common = dict(dtype="bfloat16", dummy_weights=True, max_seq_len=4096, max_prefill_tokens=16384)
+    if args.workload == "w3":
+        llm = LLM(model_dir(args.config), **common)
+        w3(llm)  # warm-up: compiles, captures, caches
+        host = cProfile.Profile()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            host.enable()
+            print(w3(llm))
+            host.disable()
+        top_kernels(prof, 1, args.top)
+        pstats.Stats(host).sort_stats("tottime").print_stats(args.top)
+        return
+    eager = LLM(model_dir(args.config), cuda_graph_max_bs=0, overlap_schedule=False, memory_ratio=0.4, **common)
+    fast = LLM(model_dir(args.config), memory_ratio=0.8, **common)
     rng = random.Random(0)
     for bs in args.batch:
         prompts = [[rng.randint(0, 10000) for _ in range(args.context)] for _ in range(bs)]
-        params = SamplingParams(temperature=args.temperature, max_tokens=args.steps + 1, ignore_eos=True)
-        llm.generate(prompts, SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
-        sched = llm.scheduler
-        sched.tick([AddReq(Req(10**6 + i, p, params, seed=i)) for i, p in enumerate(prompts)])  # prefill
-        torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            while sched.has_work:
-                sched.tick([])
-            torch.cuda.synchronize()
-        sched.finished.clear()
-        events = [e for e in prof.key_averages() if e.device_time_total > 0]
-        total = sum(e.device_time_total for e in events)
-        print(f"\n== batch {bs}, context {args.context}: {total / args.steps / 1000:.3f} ms of kernels per step")
-        for e in sorted(events, key=lambda e: -e.device_time_total)[: args.top]:
-            print(f"{e.device_time_total / args.steps:9.1f} us/step {e.count // args.steps:5d}x  {e.key[:90]}")
+        print(f"\n== batch {bs}, context {args.context}, eager:")
+        eager_ms = decode_steps(eager, prompts, args.steps, True, args.top)
+        decode_steps(fast, prompts, args.steps, False, 0)  # warm-up
+        print(f"wall per step: eager {eager_ms:.3f} ms, CUDA graphs + overlap "
+              f"{decode_steps(fast, prompts, args.steps, False, 0):.3f} ms")
 
 
 if __name__ == "__main__":

@@ -112,8 +112,10 @@ class Sampler:
         return bool(self._random)
 
     def process_logits(self, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Steps 2-3 (penalties, min_tokens) on float32 logits; never modifies `logits` in place."""
-        logits = logits.float()
+        """Steps 2-3 (penalties, min_tokens), in float32 when there are any; never modifies `logits` in
+        place. Without them the logits come back as they are: argmax and the fused race read any dtype."""
+        if self.counts is not None or self.banned is not None:
+            logits = logits.float()
         if self.counts is not None:
             presence, frequency, repetition = self.floats[rows, 3:].T.unsqueeze(-1)
             counts = self.counts[rows]
@@ -145,8 +147,7 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, rows: torch.Tensor, top_n: int | None = None) -> SampleOutput:
         """Sample one token for each row of logits [B, V] (V == vocab_size), then advance the rows."""
-        logits = logits.float()
-        logprobs = torch.log_softmax(logits, -1) if top_n is not None else None
+        logprobs = torch.log_softmax(logits.float(), -1) if top_n is not None else None
         processed = self.process_logits(logits, rows)
         if self._random and not (self._sorting or self._min_p) and use_triton(processed):
             tokens = self._race_fused(processed, rows)
@@ -176,7 +177,7 @@ class Sampler:
             temperature, top_p, min_p = self.floats[rows, :3].T.unsqueeze(-1)
             top_k = self.ints[rows, 0]
             greedy = (temperature == 0) | (top_k == 1)[:, None]
-            probs = torch.softmax(processed / torch.where(greedy, 1.0, temperature), -1)
+            probs = torch.softmax(processed.float() / torch.where(greedy, 1.0, temperature), -1)
             if self._sorting:
                 probs = self._top_k_top_p(probs, top_k, top_p)
             if self._min_p:

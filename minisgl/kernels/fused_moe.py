@@ -205,15 +205,23 @@ class MoEConfig:
 # in the format `benchmarks/moe.py --sweep` prints: its output replaces these rows.
 CONFIGS: dict[tuple[int, int, int], tuple[tuple[int, MoEConfig], ...]] = {
     (128, 768, 2048): (
-        (4, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=4)),
-        (64, MoEConfig(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=3)),
+        (1, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=4)),
+        (4, MoEConfig(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=3)),
+        (32, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=4)),
+        (64, MoEConfig(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=3)),
+        (128, MoEConfig(block_m=16, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=3)),
         (256, MoEConfig(block_m=32, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=3)),
         (512, MoEConfig(block_m=64, block_n=64, block_k=64, group_m=8, num_warps=4, num_stages=3)),
+        (1024, MoEConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=4)),
         (16384, MoEConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)),
     ),
     (128, 384, 2048): (
+        (1, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=4)),
+        (2, MoEConfig(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=3)),
         (4, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=4)),
-        (64, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=3)),
+        (8, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=3)),
+        (64, MoEConfig(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=3)),
+        (128, MoEConfig(block_m=16, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=3)),
         (256, MoEConfig(block_m=32, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=3)),
         (512, MoEConfig(block_m=64, block_n=64, block_k=64, group_m=8, num_warps=4, num_stages=3)),
         (16384, MoEConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)),
