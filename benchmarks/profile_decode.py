@@ -38,8 +38,9 @@ def decode_steps(llm: LLM, prompts: list[list[int]], steps: int, profile: bool, 
     sched = llm.scheduler
     params = SamplingParams(temperature=0.6, max_tokens=steps + 4, ignore_eos=True)
     sched.tick([AddReq(Req(10**6 + i, p, params, seed=i)) for i, p in enumerate(prompts)])
-    for _ in range(2):  # past the prefill, into steady decode
+    while sched.waiting or any(r.device_len - r.kv_len > 1 for r in sched.running):  # until all decode
         sched.tick([])
+    sched.tick([])
     torch.cuda.synchronize()
     activities = [torch.profiler.ProfilerActivity.CUDA] if profile else []
     with torch.profiler.profile(activities=activities) as prof:

@@ -21,6 +21,9 @@ class KVCacheManager:
         self.cache = cache
         self.page_table = page_table  # [rows, max_pages_per_seq] int32, on the model's device
         self.free_rows = list(range(num_rows - 1, -1, -1))  # rows past num_rows are not for requests
+        # Page-table entries written since the last flush: one copy per step instead of one per request.
+        # Keyed by (row, index) so that a row freed and handed out again within a step keeps its last page.
+        self._pending: dict[tuple[int, int], int] = {}
 
     @property
     def available_pages(self) -> int:
@@ -73,6 +76,14 @@ class KVCacheManager:
         req.row, req.pages, req.kv_len, req.cache_handle = -1, [], 0, None
 
     def _write_table(self, req: Req, start: int) -> None:
-        if start < len(req.pages):
-            new = torch.tensor(req.pages[start:], dtype=self.page_table.dtype)
-            self.page_table[req.row, start: len(req.pages)] = new.to(self.page_table.device, non_blocking=True)
+        for index in range(start, len(req.pages)):
+            self._pending[req.row, index] = req.pages[index]
+
+    def flush(self) -> None:
+        """Send the page-table entries of this step's admissions and allocations to the device, in one
+        host->device copy; the scheduler calls it before it launches the step."""
+        if self._pending:
+            entries = torch.tensor([(row, index, page) for (row, index), page in self._pending.items()])
+            rows, indices, pages = entries.T.to(self.page_table.device, non_blocking=True)
+            self.page_table[rows, indices] = pages.to(self.page_table.dtype)
+            self._pending.clear()

@@ -110,6 +110,7 @@ class Scheduler:
             req.kv_len += n
         for i in batch.sampled:
             batch.reqs[i].in_flight += 1
+        self.kv.flush()
         return self.engine.launch(batch)
 
     def _prefill_batch(self) -> Batch | None:
