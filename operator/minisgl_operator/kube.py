@@ -75,8 +75,11 @@ class Kube:
 
     def patch_model_status(self, namespace: str, name: str, status: dict) -> None:
         res = self.resource(f"{GROUP}/{VERSION}", KIND).status
-        self.dyn.patch(res, body={"status": status}, name=name, namespace=namespace,
-                       content_type="application/merge-patch+json")
+        try:
+            self.dyn.patch(res, body={"status": status}, name=name, namespace=namespace,
+                           content_type="application/merge-patch+json")
+        except NotFoundError:  # deleted since it was read: nothing left to report on
+            pass
 
     def event(self, model: dict, kind: str, reason: str, message: str) -> None:
         """A core/v1 Event on the MiniSGLModel (what `kubectl describe` shows)."""

@@ -111,13 +111,14 @@ def compute_status(obs: Observed, previous: dict, url: str, selector: str, now: 
     ]
     status = {
         "observedGeneration": obs.applied_generation if obs.applied_generation is not None else 0,
-        "replicas": replicas, "updatedReplicas": updated, "readyReplicas": ready,
-        "selector": selector, "url": url, "phase": phase, "conditions": conditions,
+        "replicas": replicas, "updatedReplicas": updated, "readyReplicas": ready, "phase": phase,
+        "conditions": conditions,
     }
+    status.update({k: v for k, v in (("url", url), ("selector", selector)) if v})  # unknown before a render
     last = previous.get("lastFailure")
     if failure:
-        same = last and (last.get("reason"), last.get("pod")) == (failure.reason, failure.pod)
-        last = last if same else {**asdict(failure), "time": now}
+        same = last and (last.get("reason"), last.get("pod", "")) == (failure.reason, failure.pod)
+        last = last if same else {k: v for k, v in {**asdict(failure), "time": now}.items() if v}
     if last:
         status["lastFailure"] = last
     return status

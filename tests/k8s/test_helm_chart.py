@@ -74,7 +74,7 @@ def test_issue_command_serves_the_model_on_two_gpus():
 def test_gpu_count_is_tp_and_shm_only_with_tp_above_one(tp):
     dep = deployment({"model": "Qwen/Qwen3-8B", "tp": tp, "resources": {"limits": {"memory": "64Gi"}}})
     pod, container = dep["spec"]["template"]["spec"], server_container(dep)
-    assert container["resources"]["limits"] == {"nvidia.com/gpu": tp, "memory": "64Gi"}
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": str(tp), "memory": "64Gi"}
     assert container["args"][container["args"].index("--tp") + 1] == str(tp)
     shm = [v for v in pod["volumes"] if v["name"] == "shm"]
     mounted = [m for m in container["volumeMounts"] if m["mountPath"] == "/dev/shm"]
