@@ -17,7 +17,7 @@ from kubernetes.dynamic.exceptions import DynamicApiError, ResourceNotFoundError
 
 from minisgl_operator.kube import Kube, now
 from minisgl_operator.render import MODEL_LABEL, RenderError, render
-from minisgl_operator.status import Observed, compute_status
+from minisgl_operator.status import Failure, Observed, compute_status
 
 logger = logging.getLogger(__name__)
 
@@ -75,14 +75,14 @@ class Reconciler:
             if model is not None and not model["metadata"].get("deletionTimestamp"):
                 self._update_status(model, None)
 
-    def _apply(self, model: dict) -> str | None:
+    def _apply(self, model: dict) -> Failure | None:
         """Render and apply; returns why not, if the chart refuses the spec or the API refuses an object."""
         meta = model["metadata"]
         key = (meta["namespace"], meta["name"])
         try:
             objects = render(meta["name"], meta["namespace"], model.get("spec") or {}, self.kube.version)
         except RenderError as exc:
-            return str(exc)
+            return Failure("InvalidSpec", str(exc))
         owner = {"apiVersion": model["apiVersion"], "kind": model["kind"], "name": meta["name"], "uid": meta["uid"],
                  "controller": True, "blockOwnerDeletion": True}
         applied = Applied(meta["generation"], *_endpoints(objects))
@@ -95,7 +95,7 @@ class Reconciler:
         except (DynamicApiError, ResourceNotFoundError) as exc:
             why = exc.summary() if isinstance(exc, DynamicApiError) else str(exc)
             logger.warning("applying %s/%s failed: %s", *key, why)
-            return f"applying the rendered objects failed: {why}"
+            return Failure("ApplyFailed", why)
         if (model.get("status") or {}).get("observedGeneration") != meta["generation"]:
             kinds = ", ".join(f"{kind}/{name}" for kind, name in applied.versions)
             self.kube.event(model, "Normal", "Applied", f"generation {meta['generation']} rendered: {kinds}")
@@ -112,7 +112,7 @@ class Reconciler:
                     logger.info("deleting %s/%s: the spec no longer renders it", kind, obj["metadata"]["name"])
                     self.kube.delete(obj)
 
-    def _update_status(self, model: dict, render_error: str | None) -> None:
+    def _update_status(self, model: dict, error: Failure | None) -> None:
         meta, spec = model["metadata"], model.get("spec") or {}
         ns, name = meta["namespace"], meta["name"]
         applied = self._applied.get((ns, name))
@@ -121,7 +121,7 @@ class Reconciler:
             generation=meta["generation"], applied_generation=applied.generation if applied else None,
             desired=spec.get("replicas", 1), deployment=self.kube.get("apps/v1", "Deployment", ns, name),
             pods=self.kube.list("v1", "Pod", ns, f"{MODEL_LABEL}={name}"),
-            gpu_resource=spec.get("gpuResourceName", "nvidia.com/gpu"), render_error=render_error)
+            gpu_resource=spec.get("gpuResourceName", "nvidia.com/gpu"), error=error)
         status = compute_status(obs, previous, applied.url if applied else "", applied.selector if applied else "",
                                 now())
         if status == previous:

@@ -72,7 +72,7 @@ class Observed:
     deployment: dict | None
     pods: list[dict]
     gpu_resource: str = "nvidia.com/gpu"
-    render_error: str | None = None
+    error: Failure | None = None  # the spec could not be rendered or applied
 
 
 def compute_status(obs: Observed, previous: dict, url: str, selector: str, now: str) -> dict:
@@ -82,7 +82,7 @@ def compute_status(obs: Observed, previous: dict, url: str, selector: str, now: 
     dstat = (dep or {}).get("status") or {}
     replicas, updated, ready = (dstat.get(k, 0) for k in ("replicas", "updatedReplicas", "readyReplicas"))
 
-    failure = Failure("InvalidSpec", obs.render_error) if obs.render_error else None
+    failure = obs.error
     for pod in sorted(obs.pods, key=lambda p: p["metadata"]["name"]):
         failure = failure or pod_failure(pod, obs.gpu_resource)
     failure = failure or (deployment_failure(dep) if dep else None)

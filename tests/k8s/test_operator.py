@@ -4,7 +4,8 @@ pod statuses themselves, as a kubelet would)."""
 from __future__ import annotations
 
 import pytest
-from k8s_utils import find, helm_template, server_container, wait_for
+import yaml
+from k8s_utils import ROOT, find, helm_template, server_container, wait_for
 from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError
 
 pytestmark = pytest.mark.filterwarnings("ignore:Unverified HTTPS request")  # the test apiserver's own cert
@@ -233,3 +234,28 @@ def test_deleting_the_model_garbage_collects_its_children(cluster, namespace):
     wait_for("the children gone", lambda: deployment(cluster, namespace, "m") is None and
              get(cluster, "v1", "Service", namespace, "m") is None and not pods(cluster, namespace, "m"),
              log=cluster.log)
+
+
+def test_example_is_accepted_and_a_missing_monitoring_stack_is_reported(cluster, namespace):
+    """The shipped example passes the CRD; it asks for a PodMonitor, which this cluster (no Prometheus
+    Operator) does not serve: the Deployment and Service still apply, and the status says what failed."""
+    example = yaml.safe_load((ROOT / "operator/deploy/example-qwen3-30b-a3b.yaml").read_text())
+    name = example["metadata"]["name"]
+    create_model(cluster, namespace, name, example["spec"])
+    status = status_where(cluster, namespace, name, lambda s: s.get("phase") == "Degraded", "Degraded")
+    degraded = condition(status, "Degraded")
+    assert degraded["reason"] == "ApplyFailed" and "PodMonitor" in degraded["message"]
+    dep = deployment(cluster, namespace, name)
+    assert server_container(dep)["resources"]["limits"] == {"nvidia.com/gpu": "2", "memory": "160Gi"}
+    assert dep["spec"]["template"]["spec"]["nodeSelector"] == example["spec"]["nodeSelector"]
+
+
+def test_an_option_switched_off_deletes_its_object(cluster, namespace):
+    create_model(cluster, namespace, "m", {"model": "Qwen/Qwen3-8B", "podDisruptionBudget": {"enabled": True}})
+    wait_for("the PodDisruptionBudget", lambda: get(cluster, "policy/v1beta1", "PodDisruptionBudget", namespace, "m"),
+             log=cluster.log)
+    cluster.res(API, "MiniSGLModel").patch(body={"spec": {"podDisruptionBudget": {"enabled": False}}}, name="m",
+                                           namespace=namespace, content_type="application/merge-patch+json")
+    wait_for("the PodDisruptionBudget deleted",
+             lambda: get(cluster, "policy/v1beta1", "PodDisruptionBudget", namespace, "m") is None, log=cluster.log)
+    assert deployment(cluster, namespace, "m") is not None
