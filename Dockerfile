@@ -1,7 +1,7 @@
 # minisgl server image: `python -m minisgl` on port 1919, as an unprivileged user.
 #
 #   docker build -t minisgl:0.1.0 .                                         # CUDA (default)
-#   docker build -t minisgl:0.1.0-cpu --build-arg BASE=debian:bookworm-20250811-slim \
+#   docker build -t minisgl:0.1.0-cpu --build-arg BASE=debian:12.11-slim \
 #       --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu .  # CPU (demo, tests)
 #   docker run --gpus all -p 1919:1919 -v hf-cache:/home/minisgl/.cache minisgl:0.1.0 \
 #       --model Qwen/Qwen3-0.6B --host 0.0.0.0
