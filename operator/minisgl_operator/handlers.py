@@ -23,7 +23,9 @@ def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 def model_changed(type: str | None, name: str, namespace: str, memo: kopf.Memo, **_) -> None:
-    if type != "DELETED":
+    if type == "DELETED":  # the garbage collector removes the children
+        memo.reconciler.forget(namespace, name)
+    else:
         memo.reconciler.sync(namespace, name)
 
 

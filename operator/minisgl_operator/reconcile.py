@@ -53,13 +53,16 @@ class Reconciler:
         with self._lock(key):
             model = self.kube.get_model(namespace, name)
             if model is None or model["metadata"].get("deletionTimestamp"):
-                self._applied.pop(key, None)
                 return
             applied = self._applied.get(key)
             error = None
             if reapply or applied is None or applied.generation != model["metadata"]["generation"]:
                 error = self._apply(model)
             self._update_status(model, error)
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._lock((namespace, name)):  # (the lock itself stays: another thread may be holding it)
+            self._applied.pop((namespace, name), None)
 
     def child_event(self, namespace: str, model_name: str, event_type: str | None, child: dict) -> None:
         """A Deployment or Service of a model changed: apply again unless the change was the operator's own."""

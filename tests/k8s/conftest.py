@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from control_plane import ADMIN_TOKEN, BIN, ControlPlane, binaries_present
+from control_plane import ADMIN_TOKEN, BIN, ControlPlane, binaries_present, stop_process
 from k8s_utils import ROOT, helm_template, wait_for
 from kubernetes import client, config, dynamic
 
@@ -73,11 +73,7 @@ def cluster(tmp_path_factory) -> Cluster:
         yield Cluster(plane, api, dyn, operator_log)
     finally:
         if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_process(proc, timeout=20)
         plane.stop()
 
 

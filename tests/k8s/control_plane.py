@@ -98,11 +98,16 @@ class ControlPlane:
     def stop(self) -> None:
         """Controllers and apiserver before etcd: an apiserver whose etcd is gone can hang in shutdown."""
         for name in ("controller-manager", "apiserver", "etcd"):
-            proc = self.procs.get(name)
-            if proc and proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            if name in self.procs:
+                stop_process(self.procs[name])
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
+    """SIGTERM, then SIGKILL if it is still there after `timeout` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 import subprocess
 import sys
 import time
@@ -67,7 +66,3 @@ def wait_for(what: str, probe, timeout: float = 90, log=None):
         time.sleep(0.25)
     tail = f"\n--- log ---\n{log()[-4000:]}" if log else ""
     raise AssertionError(f"timed out waiting for {what}; last: {last!r}{tail}")
-
-
-def shell(cmd: list[str]) -> str:
-    return " ".join(shlex.quote(c) for c in cmd)
