@@ -3,8 +3,13 @@ pod statuses themselves, as a kubelet would)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import pytest
 import yaml
+from cluster import cluster_fixture, namespace_fixture  # noqa: F401  (the `cluster` and `namespace` fixtures)
+from control_plane import ADMIN_TOKEN
 from k8s_utils import ROOT, find, helm_template, server_container, wait_for
 from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError
 
@@ -259,3 +264,23 @@ def test_an_option_switched_off_deletes_its_object(cluster, namespace):
     wait_for("the PodDisruptionBudget deleted",
              lambda: get(cluster, "policy/v1beta1", "PodDisruptionBudget", namespace, "m") is None, log=cluster.log)
     assert deployment(cluster, namespace, "m") is not None
+
+
+def test_helm_install_on_the_api_server(cluster, namespace):
+    """`helm install` itself (not only `helm template`): the issue's command creates the objects; a bad value
+    fails the install with the field's name and creates nothing."""
+    env = {**os.environ, "KUBECONFIG": str(cluster.plane.kubeconfig(ADMIN_TOKEN))}
+    base = ["helm", "install", "minisgl", str(ROOT / "helm"), "--namespace", namespace]
+    bad = subprocess.run([*base, "--set", "model=Qwen/Qwen3-30B-A3B", "--set", "tp=0"], env=env,
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "tp: Must be greater than or equal to 1" in bad.stderr
+    assert deployment(cluster, namespace, "minisgl") is None
+
+    preset = str(ROOT / "helm/values-qwen3-30b-a3b.yaml")
+    done = subprocess.run([*base, "--set", "model=Qwen/Qwen3-30B-A3B", "-f", preset], env=env, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    assert f"http://minisgl.{namespace}.svc:1919/v1" in done.stdout  # NOTES.txt
+    container = server_container(deployment(cluster, namespace, "minisgl"))
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2" and arg(container, "--tp") == "2"
+    assert get(cluster, "v1", "Service", namespace, "minisgl")["spec"]["ports"][0]["name"] == "http"

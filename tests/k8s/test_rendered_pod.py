@@ -1,7 +1,8 @@
 """The rendered pod really starts a server: the image's ENTRYPOINT (from the Dockerfile) plus the container
 args and env of the Deployment that the chart, or the operator, renders run as a local process with the
-demo model on the CPU; the manifest's own probe paths and port answer, the OpenAI API works, the `helm
-test` script passes against it, and SIGTERM drains within the pod's grace period."""
+demo model (on the CPU; with device: cuda when MINISGL_TEST_DEVICE=cuda). The manifest's own probe paths
+and port answer, the OpenAI API works, the `helm test` script passes against it, and SIGTERM drains within
+the pod's grace period."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import time
 
 import httpx
 import pytest
+from conftest import DEVICE
 from k8s_utils import ROOT, dockerfile_entrypoint, find, helm_template, server_container
 from minisgl_operator.render import render
 from openai import OpenAI
@@ -23,8 +25,8 @@ from minisgl.distributed import free_port
 
 
 def rendered(source: str, port: int, extra: dict) -> tuple[dict, list[dict]]:
-    """The Deployment (and all objects) for a CPU demo server listening on `port`."""
-    values = {"demo": True, "device": "cpu", "port": port, **extra}
+    """The Deployment (and all objects) for a demo server on the test device, listening on `port`."""
+    values = {"demo": True, "device": DEVICE, "port": port, **extra}
     if source == "chart":
         objects = helm_template(values)
     else:

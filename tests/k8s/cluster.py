@@ -1,4 +1,5 @@
-"""One real control plane and one operator process per session, for the operator tests.
+"""Fixtures for the operator tests: one real control plane and one operator process per session.
+(Not a conftest.py: the suite's own conftest module must stay the only `conftest` on sys.path.)
 
 The operator runs as `python -m minisgl_operator` with the token of the chart's operator ServiceAccount,
 so the chart's RBAC is what it gets. CRD, ServiceAccount and RBAC come from `helm template` of the chart
@@ -37,8 +38,8 @@ class Cluster:
         return self.dyn.resources.get(api_version=api_version, kind=kind)
 
 
-@pytest.fixture(scope="session")
-def cluster(tmp_path_factory) -> Cluster:
+@pytest.fixture(scope="session", name="cluster")
+def cluster_fixture(tmp_path_factory) -> Cluster:
     if not binaries_present():
         message = f"no kube-apiserver/kube-controller-manager in {BIN} or no etcd: run tests/k8s/build-apiserver.sh"
         if os.environ.get("MINISGL_K8S_REQUIRED") == "1":
@@ -77,8 +78,8 @@ def cluster(tmp_path_factory) -> Cluster:
         plane.stop()
 
 
-@pytest.fixture
-def namespace(cluster) -> str:
+@pytest.fixture(name="namespace")
+def namespace_fixture(cluster: Cluster) -> str:
     """A fresh namespace per test, so tests never see each other's objects."""
     name = f"t-{uuid.uuid4().hex[:8]}"
     client.CoreV1Api(cluster.api).create_namespace({"metadata": {"name": name}})
