@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 
 import kopf
 
@@ -18,6 +19,8 @@ def main() -> None:
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args()
     kopf.configure(verbose=args.verbose)
+    if not args.verbose:  # one "handler succeeded" line per watch event is noise; failures still show
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     kopf.run(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace,
              liveness_endpoint=args.liveness)
 
