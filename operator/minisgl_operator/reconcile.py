@@ -40,6 +40,7 @@ class Reconciler:
     def __init__(self, kube: Kube):
         self.kube = kube
         self._applied: dict[tuple[str, str], Applied] = {}
+        self._failed: dict[tuple[str, str], Failure] = {}  # why the latest generation could not be applied
         self._locks: dict[tuple[str, str], threading.Lock] = collections.defaultdict(threading.Lock)
         self._locks_guard = threading.Lock()
 
@@ -55,14 +56,18 @@ class Reconciler:
             if model is None or model["metadata"].get("deletionTimestamp"):
                 return
             applied = self._applied.get(key)
-            error = None
             if reapply or applied is None or applied.generation != model["metadata"]["generation"]:
-                error = self._apply(model)
-            self._update_status(model, error)
+                failure = self._apply(model)
+                if failure:
+                    self._failed[key] = failure
+                else:
+                    self._failed.pop(key, None)
+            self._update_status(model)
 
     def forget(self, namespace: str, name: str) -> None:
         with self._lock((namespace, name)):  # (the lock itself stays: another thread may be holding it)
             self._applied.pop((namespace, name), None)
+            self._failed.pop((namespace, name), None)
 
     def child_event(self, namespace: str, model_name: str, event_type: str | None, child: dict) -> None:
         """A Deployment or Service of a model changed: apply again unless the change was the operator's own."""
@@ -76,7 +81,7 @@ class Reconciler:
         with self._lock((namespace, name)):
             model = self.kube.get_model(namespace, name)
             if model is not None and not model["metadata"].get("deletionTimestamp"):
-                self._update_status(model, None)
+                self._update_status(model)
 
     def _apply(self, model: dict) -> Failure | None:
         """Render and apply; returns why not, if the chart refuses the spec or the API refuses an object."""
@@ -115,7 +120,7 @@ class Reconciler:
                     logger.info("deleting %s/%s: the spec no longer renders it", kind, obj["metadata"]["name"])
                     self.kube.delete(obj)
 
-    def _update_status(self, model: dict, error: Failure | None) -> None:
+    def _update_status(self, model: dict) -> None:
         meta, spec = model["metadata"], model.get("spec") or {}
         ns, name = meta["namespace"], meta["name"]
         applied = self._applied.get((ns, name))
@@ -124,7 +129,7 @@ class Reconciler:
             generation=meta["generation"], applied_generation=applied.generation if applied else None,
             desired=spec.get("replicas", 1), deployment=self.kube.get("apps/v1", "Deployment", ns, name),
             pods=self.kube.list("v1", "Pod", ns, f"{MODEL_LABEL}={name}"),
-            gpu_resource=spec.get("gpuResourceName", "nvidia.com/gpu"), error=error)
+            gpu_resource=spec.get("gpuResourceName", "nvidia.com/gpu"), error=self._failed.get((ns, name)))
         status = compute_status(obs, previous, applied.url if applied else "", applied.selector if applied else "",
                                 now())
         if status == previous:

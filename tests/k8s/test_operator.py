@@ -254,6 +254,12 @@ def test_example_is_accepted_and_a_missing_monitoring_stack_is_reported(cluster,
     assert server_container(dep)["resources"]["limits"] == {"nvidia.com/gpu": "2", "memory": "160Gi"}
     assert dep["spec"]["template"]["spec"]["nodeSelector"] == example["spec"]["nodeSelector"]
 
+    # Pods becoming ready do not hide the failure: the status that counts them still says Degraded.
+    for pod in wait_for("two pods", lambda: (lambda p: p if len(p) == 2 else None)(pods(cluster, namespace, name))):
+        set_pod_status(cluster, pod, running())
+    status = status_where(cluster, namespace, name, lambda s: s.get("readyReplicas") == 2, "2 ready pods counted")
+    assert status["phase"] == "Degraded" and condition(status, "Degraded")["reason"] == "ApplyFailed"
+
 
 def test_an_option_switched_off_deletes_its_object(cluster, namespace):
     create_model(cluster, namespace, "m", {"model": "Qwen/Qwen3-8B", "podDisruptionBudget": {"enabled": True}})
