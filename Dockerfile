@@ -1,0 +1,56 @@
+# minisgl server image: `python -m minisgl` on port 1919, as an unprivileged user.
+#
+#   docker build -t minisgl:0.1.0 .                                         # CUDA (default)
+#   docker build -t minisgl:0.1.0-cpu --build-arg BASE=debian:12.11-slim \
+#       --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu .  # CPU (demo, tests)
+#   docker run --gpus all -p 1919:1919 -v hf-cache:/home/minisgl/.cache minisgl:0.1.0 \
+#       --model Qwen/Qwen3-0.6B --host 0.0.0.0
+#
+# BASE must be Debian or Ubuntu with Python >= 3.10 in apt. The default is a pinned CUDA runtime; the
+# PyTorch wheel brings its own CUDA libraries, the base brings the driver glue the NVIDIA runtime expects.
+ARG BASE=nvidia/cuda:12.8.1-runtime-ubuntu24.04
+
+# Build stage: a virtual environment with PyTorch, the dependencies and minisgl itself.
+FROM ${BASE} AS build
+ARG TORCH_VERSION=2.13.0
+# PyPI's wheel is the CUDA build on Linux x86_64; the CPU image uses PyTorch's CPU index.
+ARG TORCH_INDEX_URL=https://pypi.org/simple
+ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# The versions are the base release's own: pinning them here would tie this file to one base.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv python3-dev \
+ && rm -rf /var/lib/apt/lists/*
+RUN python3 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+RUN pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY minisgl ./minisgl
+# `.` is this repository, not a registry package (DL3013 mistakes it for one).
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir . && python -c "import minisgl, torch; print('torch', torch.__version__)"
+
+# Runtime stage: the same base with Python only, the environment, and a non-root user whose home
+# (Hugging Face cache, kernel caches) is a volume.
+FROM ${BASE} AS runtime
+ENV DEBIAN_FRONTEND=noninteractive
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --gid 10001 minisgl \
+ && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/minisgl --shell /usr/sbin/nologin minisgl \
+ && mkdir -p /home/minisgl/.cache/huggingface && chown -R 10001:10001 /home/minisgl
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    HOME=/home/minisgl \
+    HF_HOME=/home/minisgl/.cache/huggingface \
+    TRITON_CACHE_DIR=/home/minisgl/.cache/triton \
+    PYTHONUNBUFFERED=1
+VOLUME ["/home/minisgl/.cache"]
+WORKDIR /home/minisgl
+USER 10001:10001
+EXPOSE 1919
+ENTRYPOINT ["python", "-m", "minisgl"]
+CMD ["--help"]
