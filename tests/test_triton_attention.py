@@ -18,6 +18,7 @@ from minisgl.attention.base import ForwardInput
 from minisgl.attention.torch_backend import TorchBackend
 from minisgl.attention.triton_backend import TritonBackend
 from minisgl.kernels.attention import KernelConfig, num_decode_splits
+from minisgl.kernels.kv_store import store_kv
 from minisgl.kvcache.pool import KVPool
 
 ON_GPU = DEVICE == "cuda"
@@ -166,3 +167,18 @@ def test_llm_greedy_equals_transformers(tiny_models):
     with make_llm(path, attention_backend="triton", page_size=16, max_prefill_tokens=24) as llm:
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     assert [o.token_ids for o in outs] == hf_greedy(path, prompts, 6)
+
+
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.float16])
+def test_store_kv_matches_pool_store(pool_dtype):
+    """The one-launch store writes what KVPool.store writes, from strided views of a QKV output."""
+    gen = torch.Generator().manual_seed(10)
+    tokens, kv_heads, dim = 5, 2, 16
+    qkv = torch.randn(tokens, (4 + 2 * kv_heads) * dim, generator=gen).to(DEVICE)
+    k = qkv[:, 4 * dim: (4 + kv_heads) * dim].view(tokens, kv_heads, dim)  # strided, as the model's views
+    v = qkv[:, (4 + kv_heads) * dim:].view(tokens, kv_heads, dim)
+    slots = torch.tensor([7, 0, 12, 3, 31]).to(DEVICE)
+    ours, ref = (KVPool(2, 8, 4, kv_heads, dim, pool_dtype, torch.device(DEVICE)) for _ in range(2))
+    store_kv(ours.k[1], ours.v[1], slots, k, v)
+    ref.store(1, slots, k, v)
+    assert torch.equal(ours.k, ref.k) and torch.equal(ours.v, ref.v)

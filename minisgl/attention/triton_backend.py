@@ -14,6 +14,7 @@ import torch
 
 from minisgl.attention.base import ForwardInput
 from minisgl.kernels.attention import KernelConfig, decode_attention, extend_attention, num_decode_splits
+from minisgl.kernels.kv_store import store_kv
 from minisgl.kvcache.pool import KVPool
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -70,7 +71,7 @@ class TritonBackend:
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 meta: DecodeMeta | ExtendMeta) -> torch.Tensor:
-        self.pool.store(layer, meta.out_slots, k, v)
+        store_kv(self.pool.k[layer], self.pool.v[layer], meta.out_slots, k, v)
         if q.stride(-1) != 1:
             q = q.contiguous()
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
