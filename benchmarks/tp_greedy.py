@@ -21,8 +21,9 @@ from minisgl import LLM, SamplingParams
 NEAR_TIE = 0.05  # nats
 
 
-def greedy(path: str, tp: int, prompts: list[list[int]], tokens: int):
-    llm = LLM(path, dtype="bfloat16", dummy_weights=True, tp_size=tp, max_seq_len=4096, memory_ratio=0.8)
+def greedy(path: str, tp: int, prompts: list[list[int]], tokens: int, graphs: int):
+    llm = LLM(path, dtype="bfloat16", dummy_weights=True, tp_size=tp, max_seq_len=4096, memory_ratio=0.8,
+              cuda_graph_max_bs=graphs)
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, logprobs=2))
     llm.shutdown()
     del llm
@@ -35,11 +36,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True)
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--cuda-graph-max-bs", type=int, default=256)
     args = parser.parse_args()
     rng = random.Random(5)
     prompts = [[rng.randint(0, 10000) for _ in range(n)] for n in (5, 60, 300, 1000)]
     path = model_dir(args.config)
-    one, two = greedy(path, 1, prompts, args.tokens), greedy(path, 2, prompts, args.tokens)
+    one, two = (greedy(path, tp, prompts, args.tokens, args.cuda_graph_max_bs) for tp in (1, 2))
     compared, mismatches = 0, []
     for i, (a, b) in enumerate(zip(one, two)):
         for step, (x, y) in enumerate(zip(a.logprobs, b.logprobs)):

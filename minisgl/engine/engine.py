@@ -74,6 +74,8 @@ class LaunchedStep:
 class Engine:
     def __init__(self, args: EngineArgs, tp: TPGroup, device: torch.device):
         self.args, self.tp, self.device = args, tp, device
+        if device.type == "cuda":  # Triton kernels and CUDA graphs use the current device, not the tensors'
+            torch.cuda.set_device(device)
         start = time.perf_counter()
         self.model_path = resolve_model_path(args.model)
         self.model = load_model(self.model_path, tp, device, args.dtype, dummy=args.dummy_weights)
