@@ -85,6 +85,11 @@ class Engine:
         self.page_size = args.page_size
         prefill_name, decode_name = backend_names(args.attention_backend, device)
         graph_bs = min(args.cuda_graph_max_bs, args.max_running_requests) if device.type == "cuda" else 0
+        if graph_bs and tp.size > 1:
+            # torch.distributed's NCCL collectives keep host-side state that a graph replay does not
+            # advance; until the collectives go through a graph-safe communicator, TP decodes eagerly.
+            logger.warning("CUDA graphs are off with tensor parallelism (eager decode)")
+            graph_bs = 0
         self.num_pages = args.num_pages or self._pages_from_memory(attn.kv_heads, config.head_dim, graph_bs)
         self.pool = KVPool(config.num_layers, self.num_pages, args.page_size, attn.kv_heads, config.head_dim,
                            config.dtype, device)
