@@ -1,0 +1,112 @@
+"""The one validation boundary: every front turns its request into a `GenerateRequest` here, and nothing
+reaches a scheduler that was not checked here.
+
+The schemas (protocol.py and each route's models) settle types and ranges. This module checks what
+needs the model or the whole request: prompts tokenized (off the event loop) and fitting the context,
+every token id against the vocabulary, the sampling parameters together (`SamplingParams` and
+`core.check_request`, the very checks the offline `LLM` API runs). A refusal is an `ApiError` 400 naming
+the request field as the client spelled it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
+
+from minisgl.core import ContextLengthError, SamplingParams, check_prompt, check_prompt_length, check_request
+from minisgl.server.errors import ApiError
+from minisgl.server.protocol import SamplingFields
+from minisgl.server.text import TextCodec
+
+T = TypeVar("T")
+
+
+@dataclass
+class ModelLimits:
+    """What the served model accepts (reported by the scheduler once it is ready)."""
+
+    vocab_size: int
+    max_seq_len: int
+    kv_capacity: int
+
+
+@dataclass
+class Conversation:
+    """A chat prompt: the messages as the chat template takes them ({"role", "content"})."""
+
+    messages: list[dict[str, str]]
+
+
+PromptInput = Conversation | list[str] | list[list[int]]
+
+
+@dataclass
+class GenerateRequest:
+    """What every front's request becomes: checked token-id prompts and one SamplingParams for all of
+    them (`max_tokens` already fitted to the room the longest prompt leaves)."""
+
+    prompts: list[list[int]]
+    params: SamplingParams
+    stop: list[str]  # matched on the decoded text by the detokenizer
+    n: int
+    seed: int | None
+
+
+async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, prompt: PromptInput) -> GenerateRequest:
+    prompt_param = "messages" if isinstance(prompt, Conversation) else "prompt"
+    values, renamed = body.sampling()
+
+    def guarded(check: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a core check; its ValueError (message starting with the field) becomes a 400 naming the field."""
+        try:
+            return check(*args, **kwargs)
+        except ContextLengthError as exc:
+            raise ApiError(400, str(exc), param=prompt_param, code="context_length_exceeded") from None
+        except ValueError as exc:
+            field, _, rest = str(exc).partition(" ")
+            param = prompt_param if field == "prompt" else renamed.get(field, field)
+            raise ApiError(400, f"{param} {rest}", param=param) from None
+
+    prompts = await tokenize(codec, limits, prompt, guarded)
+    for ids in prompts:  # the prompts first: they decide the room left for max_tokens
+        guarded(check_prompt, ids, limits.vocab_size, limits.max_seq_len, limits.kv_capacity)
+    room = limits.max_seq_len - max(len(ids) for ids in prompts)
+    requested = values.pop("max_tokens")
+    values["max_tokens"] = room if requested is None else min(requested, room)
+    # Clamped like max_tokens, so a request valid on its own is not refused for a long prompt.
+    values["min_tokens"] = min(values["min_tokens"] or 0, room)
+    params = guarded(SamplingParams, **{k: v for k, v in values.items() if v is not None})
+    for ids in prompts:
+        guarded(check_request, ids, params, limits.vocab_size, limits.max_seq_len, limits.kv_capacity)
+    check_logit_bias(body.logit_bias, limits.vocab_size)
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if stop:
+        codec.require("stop", "stop strings are matched on text; use stop_token_ids")
+    return GenerateRequest(prompts, params, stop, body.n, body.seed)
+
+
+async def tokenize(codec: TextCodec, limits: ModelLimits, prompt: PromptInput, guarded) -> list[list[int]]:
+    """Token ids of every prompt; text is tokenized off the loop, and a text too long for the context is
+    refused with its token count before its ids are ever built."""
+    if isinstance(prompt, Conversation):
+        codec.require("messages", "chat needs a tokenizer and a chat template; send token ids to /v1/completions")
+        encoded = [await codec.encode_chat(prompt.messages, limits.max_seq_len)]
+    elif prompt and isinstance(prompt[0], str):
+        codec.require("prompt", "send the prompt as token ids")
+        encoded = [await codec.encode(text, limits.max_seq_len) for text in prompt]
+    else:
+        return prompt
+    for count, ids in encoded:
+        if len(ids) != count:
+            guarded(check_prompt_length, count, limits.max_seq_len, limits.kv_capacity)
+    return [ids for _, ids in encoded]
+
+
+def check_logit_bias(bias: dict[str, float] | None, vocab_size: int) -> None:
+    if not bias:
+        return
+    bad = next((key for key in bias if not (key.isascii() and key.isdigit() and int(key) < vocab_size)), None)
+    if bad is not None:
+        raise ApiError(400, f"logit_bias keys must be token ids in [0, {vocab_size}), got {bad!r}",
+                       param="logit_bias")
+    raise ApiError(400, "logit_bias is not supported yet", param="logit_bias", code="unsupported_parameter")
