@@ -149,6 +149,8 @@ def test_lone_surrogates_are_refused_naming_the_field(make, fields, field):
     (chat, {"stop": ""}, "stop"),
     (chat, {"stop": ["ok", ""]}, "stop"),
     (chat, {"logit_bias": {"1": 101}}, "logit_bias"),
+    (chat, {"logit_bias": {"abc": 1}}, "logit_bias"),
+    (chat, {"logit_bias": {"-1": 1}}, "logit_bias"),
     (completion, {"logprobs": 21}, "logprobs"),
     (completion, {"max_tokens": 0}, "max_tokens"),
     (completion, {"temperature": -1}, "temperature"),

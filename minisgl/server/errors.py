@@ -39,12 +39,13 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-class ApiError(Exception):
-    """Raised anywhere in a request's handling; answered as OpenAI-style JSON with `status`."""
+class ApiError(HTTPException):
+    """Raised anywhere in a request's handling; answered as OpenAI-style JSON with `status`. (An
+    HTTPException, so that FastAPI passes it through when a middleware raises it while a body is read.)"""
 
     def __init__(self, status: int, message: str, type: str | None = None, param: str | None = None,
                  code: str | None = None, retry_after: int | None = None):
-        super().__init__(message)
+        super().__init__(status, message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.type = type or ERROR_TYPES.get(status, "invalid_request_error")
         self.retry_after = retry_after

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hmac
 
-from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from minisgl.server.errors import ApiError, error_response
@@ -55,7 +54,7 @@ class BodySizeLimit:
             message = await receive()
             received += len(message.get("body", b""))
             if received > self.limit:  # raised inside the route's body read: answered by the error handlers
-                raise HTTPException(413, self.too_large().message)
+                raise self.too_large()
             return message
 
         await self.app(scope, counted_receive, send)

@@ -15,7 +15,16 @@ import time
 import uuid
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, computed_field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    WithJsonSchema,
+    computed_field,
+)
 
 MAX_N = 16
 MAX_STOP_STRINGS = 16
@@ -52,6 +61,13 @@ def integer(ge: int | None = None, le: int | None = None, **schema_extra: Any) -
 TokenId = integer(ge=0, **{TOKEN_ID_MARK: True})
 
 
+DIGITS = r"^[0-9]+$"
+LogitBias = Annotated[
+    dict[Annotated[str, StringConstraints(pattern=DIGITS)], Annotated[float, Field(ge=-100, le=100)]],
+    WithJsonSchema({"type": "object", "additionalProperties": False,
+                    "patternProperties": {DIGITS: {"type": "number", "minimum": -100, "maximum": 100}}})]
+
+
 class StrictRequest(BaseModel):
     # Clients send fields we do not implement (tools, response_format, ...); ignoring them keeps them working.
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
@@ -74,7 +90,7 @@ class SamplingFields(StrictRequest):
     top_p: float | None = Field(None, gt=0, le=1)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+    logit_bias: LogitBias | None = Field(
         None, description="token id (as a string) -> bias; the ids are checked, a non-empty map is not supported yet")
     user: Text | None = None
     top_k: integer(ge=-1) | None = Field(None, description="-1 or 0: off")

@@ -1,12 +1,13 @@
 """The api process's tokenizer, used only off the event loop.
 
 Tokenizing a 20 MB prompt takes tens of seconds of CPU; on the loop it would stall every request and
-/health with it. Here encoding, chat templating and decoding run in a small thread pool (the Rust
-tokenizer releases the GIL), and a prompt's ids become a Python list only when they can fit the context:
+/health with it. Here encoding, chat templating and decoding run in a small thread pool, through the
+Rust tokenizer's batch calls: those release the GIL (`encode`/`decode` keep it, which stalls the loop
+as surely as running on it). A prompt's ids become a Python list only when they can fit the context:
 a prompt too long is answered with its token count, never millions of ids built under the GIL.
 
-Only the backend (Rust) tokenizer is called from the threads: transformers' `__call__` reconfigures
-truncation and padding on every call, which fails ("Already borrowed") when threads share a tokenizer.
+Only the backend tokenizer is called from the threads: transformers' `__call__` reconfigures truncation
+and padding on every call, which fails ("Already borrowed") when threads share a tokenizer.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class TextCodec:
         return await self._run(self._encode_chat, conversation, limit)
 
     async def decode(self, ids: list[int]) -> str:
-        return await self._run(self.backend.decode, ids, skip_special_tokens=False)
+        return (await self._run(self.backend.decode_batch, [ids], skip_special_tokens=False))[0]
 
     def close(self) -> None:
         """Shutdown: whoever still waits for the tokenizer gets a 503 now (the thread's work is abandoned)."""
@@ -75,7 +76,7 @@ class TextCodec:
             self.waiting.discard(waiter)
 
     def _encode(self, text: str, limit: int) -> tuple[int, list[int]]:
-        encoding = self.backend.encode(text, add_special_tokens=False)
+        [encoding] = self.backend.encode_batch([text], add_special_tokens=False)
         count = len(encoding)
         return count, (encoding.ids if count <= limit else [])
 

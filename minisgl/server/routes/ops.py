@@ -105,4 +105,4 @@ async def server_info(state: ServerState = Depends(server_state)) -> dict:
         except asyncio.TimeoutError:
             raise ApiError(503, "the scheduler did not answer in time", retry_after=1) from None
     return {**vars(state.args.engine), "served_model_name": state.args.served_model_name, **state.client.info,
-            "scheduler": stats, "draining": state.draining, "children": state.children}
+            "scheduler": stats, "preparing": state.preparing, "draining": state.draining, "children": state.children}
