@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import multiprocessing
 import threading
 import time
 
@@ -21,7 +22,7 @@ from minisgl.distributed import free_port
 from minisgl.scheduler import AddReq
 from minisgl.server.api import build_app
 from minisgl.server.args import parse_args
-from minisgl.server.detokenizer_worker import Detokenizer
+from minisgl.server.detokenizer_worker import run_detokenizer
 from minisgl.server.engine_client import EngineClient
 from minisgl.server.ipc import IpcPaths, Ready, ReqOutput, StatsReply, inbox, outbox
 from minisgl.server.metrics import Metrics
@@ -71,8 +72,9 @@ def test_stats_reply_reaches_its_waiter():
 
 
 class StandInScheduler:
-    """The real api (FastAPI app under uvicorn) and the real detokenizer, each on its real sockets; the test
-    plays scheduler rank 0: it receives the api's AddReq messages and sends ReqOutputs to the detokenizer."""
+    """The real api (FastAPI app under uvicorn, in a thread) and the real detokenizer process, on their real
+    sockets; the test plays scheduler rank 0: it takes the api's AddReq messages and sends ReqOutputs to the
+    detokenizer."""
 
     def __init__(self, model: str):
         from transformers import AutoTokenizer
@@ -81,19 +83,21 @@ class StandInScheduler:
         self.tokenizer = AutoTokenizer.from_pretrained(model)
         self.inbox = inbox(zmq.Context.instance(), self.ipc.scheduler)
         self.to_detok = outbox(zmq.Context.instance(), self.ipc.detokenizer)
-        detokenizer = Detokenizer(self.tokenizer, self.ipc)
-        threading.Thread(target=detokenizer.run, daemon=True).start()
+        self.detokenizer = multiprocessing.get_context("spawn").Process(
+            target=run_detokenizer, args=(model, self.ipc, "warning"), daemon=True)
+        self.detokenizer.start()
         args = parse_args(["--model", model, "--served-model-name", "tiny", "--device", "cpu"])
         self.state = ServerState(args, self.ipc, self.tokenizer)
         self.port = free_port()
         self.server = uvicorn.Server(uvicorn.Config(build_app(self.state), port=self.port, log_level="warning"))
-        threading.Thread(target=self.server.run, daemon=True).start()
+        self.server_thread = threading.Thread(target=self.server.run, daemon=True)
+        self.server_thread.start()
         self.to_api = outbox(zmq.Context.instance(), self.ipc.api)  # kept: a closed socket drops what it holds
         self.to_api.send_pyobj(Ready("scheduler", {
             "max_seq_len": 64, "vocab_size": 512, "kv_capacity_tokens": 4096, "dtype": "float32", "device": "cpu",
             "tp_size": 1}))
         self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
                 if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
@@ -115,6 +119,8 @@ class StandInScheduler:
 
     def stop(self) -> None:
         self.server.should_exit = True
+        self.server_thread.join(timeout=30)
+        self.detokenizer.kill()
 
 
 @pytest.fixture(scope="module")

@@ -10,15 +10,14 @@ the request field as the client spelled it.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Iterator
 
 from minisgl.core import ContextLengthError, SamplingParams, check_prompt, check_prompt_length, check_request
 from minisgl.server.errors import ApiError
 from minisgl.server.protocol import SamplingFields
 from minisgl.server.text import TextCodec
-
-T = TypeVar("T")
 
 
 @dataclass
@@ -55,29 +54,20 @@ class GenerateRequest:
 async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, prompt: PromptInput) -> GenerateRequest:
     prompt_param = "messages" if isinstance(prompt, Conversation) else "prompt"
     values, renamed = body.sampling()
-
-    def guarded(check: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run a core check; its ValueError (message starting with the field) becomes a 400 naming the field."""
-        try:
-            return check(*args, **kwargs)
-        except ContextLengthError as exc:
-            raise ApiError(400, str(exc), param=prompt_param, code="context_length_exceeded") from None
-        except ValueError as exc:
-            field, _, rest = str(exc).partition(" ")
-            param = prompt_param if field == "prompt" else renamed.get(field, field)
-            raise ApiError(400, f"{param} {rest}", param=param) from None
-
-    prompts = await tokenize(codec, limits, prompt, guarded)
-    for ids in prompts:  # the prompts first: they decide the room left for max_tokens
-        guarded(check_prompt, ids, limits.vocab_size, limits.max_seq_len, limits.kv_capacity)
-    room = limits.max_seq_len - max(len(ids) for ids in prompts)
-    requested = values.pop("max_tokens")
-    values["max_tokens"] = room if requested is None else min(requested, room)
-    # Clamped like max_tokens, so a request valid on its own is not refused for a long prompt.
-    values["min_tokens"] = min(values["min_tokens"] or 0, room)
-    params = guarded(SamplingParams, **{k: v for k, v in values.items() if v is not None})
-    for ids in prompts:
-        guarded(check_request, ids, params, limits.vocab_size, limits.max_seq_len, limits.kv_capacity)
+    encoded = await encode(codec, limits, prompt)
+    with refusals_named(prompt_param, renamed):
+        for count, ids in encoded:  # the prompts first: they decide the room left for max_tokens
+            check_prompt_length(count, limits.max_seq_len, limits.kv_capacity)  # a text too long has no ids
+            check_prompt(ids, limits.vocab_size, limits.max_seq_len, limits.kv_capacity)
+        prompts = [ids for _, ids in encoded]
+        room = limits.max_seq_len - max(len(ids) for ids in prompts)
+        requested = values.pop("max_tokens")
+        values["max_tokens"] = room if requested is None else min(requested, room)
+        # Clamped like max_tokens, so a request valid on its own is not refused for a long prompt.
+        values["min_tokens"] = min(values["min_tokens"] or 0, room)
+        params = SamplingParams(**{k: v for k, v in values.items() if v is not None})
+        for ids in prompts:
+            check_request(ids, params, limits.vocab_size, limits.max_seq_len, limits.kv_capacity)
     check_logit_bias(body.logit_bias, limits.vocab_size)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if stop:
@@ -85,21 +75,29 @@ async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, p
     return GenerateRequest(prompts, params, stop, body.n, body.seed)
 
 
-async def tokenize(codec: TextCodec, limits: ModelLimits, prompt: PromptInput, guarded) -> list[list[int]]:
-    """Token ids of every prompt; text is tokenized off the loop, and a text too long for the context is
-    refused with its token count before its ids are ever built."""
+@contextmanager
+def refusals_named(prompt_param: str, renamed: dict[str, str]) -> Iterator[None]:
+    """The core checks' ValueErrors (their message starts with the field) as 400s naming the request's field."""
+    try:
+        yield
+    except ContextLengthError as exc:
+        raise ApiError(400, str(exc), param=prompt_param, code="context_length_exceeded") from None
+    except ValueError as exc:
+        field, _, rest = str(exc).partition(" ")
+        param = prompt_param if field == "prompt" else renamed.get(field, field)
+        raise ApiError(400, f"{param} {rest}", param=param) from None
+
+
+async def encode(codec: TextCodec, limits: ModelLimits, prompt: PromptInput) -> list[tuple[int, list[int]]]:
+    """(token count, ids) of every prompt; text is tokenized off the loop, and the ids of a text too long
+    for the context are never built (left empty)."""
     if isinstance(prompt, Conversation):
         codec.require("messages", "chat needs a tokenizer and a chat template; send token ids to /v1/completions")
-        encoded = [await codec.encode_chat(prompt.messages, limits.max_seq_len)]
-    elif prompt and isinstance(prompt[0], str):
+        return [await codec.encode_chat(prompt.messages, limits.max_seq_len)]
+    if prompt and isinstance(prompt[0], str):
         codec.require("prompt", "send the prompt as token ids")
-        encoded = [await codec.encode(text, limits.max_seq_len) for text in prompt]
-    else:
-        return prompt
-    for count, ids in encoded:
-        if len(ids) != count:
-            guarded(check_prompt_length, count, limits.max_seq_len, limits.kv_capacity)
-    return [ids for _, ids in encoded]
+        return [await codec.encode(text, limits.max_seq_len) for text in prompt]
+    return [(len(ids), ids) for ids in prompt]
 
 
 def check_logit_bias(bias: dict[str, float] | None, vocab_size: int) -> None:

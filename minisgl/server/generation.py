@@ -10,15 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
 from minisgl.server.boundary import GenerateRequest, PromptInput, prepare
 from minisgl.server.engine_client import RequestFailed, Sequence
-from minisgl.server.errors import ApiError
+from minisgl.server.errors import ApiError, error_responses
 from minisgl.server.ipc import TextOutput
 from minisgl.server.protocol import PromptTokensDetails, SamplingFields, Usage
 from minisgl.server.state import ServerState
@@ -38,6 +38,19 @@ class Choice:
         self.logprobs += out.logprobs
         self.token_ids += out.new_ids
         self.finish = out.finish_reason or self.finish
+
+
+async def respond(request: Request, state: ServerState, body: SamplingFields, prompt: PromptInput, prompts: int,
+                  whole: Callable[[list[Choice], Usage], BaseModel],
+                  stream: Callable[[GenerateRequest, list[Choice]], AsyncIterator[BaseModel]]) -> Response:
+    """Run a generation request and answer it: whole (`whole` builds the response object) or, with
+    `stream: true`, as server-sent events of the chunks `stream` yields."""
+    gen, choices = await start(state, body, prompt, prompts)
+    if body.stream:
+        return event_stream(stream(gen, choices))
+    if not await collect(request, state, choices):
+        return Response(status_code=499)  # the client hung up; nobody reads this
+    return JSONResponse(whole(choices, usage(choices, gen.prompts)).model_dump(mode="json"))
 
 
 async def start(state: ServerState, body: SamplingFields, prompt: PromptInput, prompts: int
@@ -62,8 +75,8 @@ async def start(state: ServerState, body: SamplingFields, prompt: PromptInput, p
 
 
 async def outputs(state: ServerState, choices: list[Choice]) -> AsyncIterator[tuple[Choice, TextOutput]]:
-    """Every choice's outputs as they come, each already added to its choice. Leaving early (or a failed
-    sequence, raised as RequestFailed) aborts the ones still running."""
+    """Every choice's outputs as they come, each already added to its choice. Leaving early, or a failed
+    sequence (raised here as RequestFailed), aborts the ones still running."""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(choice: Choice) -> None:
@@ -71,15 +84,15 @@ async def outputs(state: ServerState, choices: list[Choice]) -> AsyncIterator[tu
             async for out in state.client.stream(choice.seq):
                 await queue.put((choice, out))
             await queue.put((choice, None))
-        except RequestFailed as failed:
-            await queue.put((choice, failed))
+        except Exception as exc:  # RequestFailed, or a bug: either way the request must not wait forever
+            await queue.put((choice, exc))
 
     tasks = [asyncio.create_task(pump(c)) for c in choices]
     try:
         remaining = len(choices)
         while remaining:
             choice, out = await queue.get()
-            if isinstance(out, RequestFailed):
+            if isinstance(out, Exception):
                 raise out
             if out is None:
                 remaining -= 1
@@ -122,14 +135,16 @@ def usage(choices: list[Choice], prompts: list[list[int]]) -> Usage:
                  prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(cached.values())))
 
 
-def event_stream_content(chunk: type[BaseModel]) -> dict:
-    """The `text/event-stream` entry of a route's 200 response in openapi.json: each event's `data` is a
-    chunk or an error as JSON, or `[DONE]` (api.py adds the chunk's schema to the components)."""
+def generation_responses(whole: type[BaseModel], chunk: type[BaseModel]) -> dict:
+    """A generation route's `responses=` for openapi.json: 200 is the whole response as JSON or, with
+    stream: true, server-sent events whose `data` is a chunk or an error as JSON, or `[DONE]` (api.py
+    adds the chunk's schema to the components); then the errors it may answer."""
     payload = {"anyOf": [{"$ref": f"#/components/schemas/{chunk.__name__}"},
                          {"$ref": "#/components/schemas/ErrorResponse"}]}
     event = {"type": "object", "required": ["data"], "properties": {"data": {"anyOf": [
         {"const": "[DONE]"}, {"type": "string", "contentMediaType": "application/json", "contentSchema": payload}]}}}
-    return {"text/event-stream": {"schema": event, "description": "with stream: true: server-sent events"}}
+    return {200: {"model": whole, "content": {"text/event-stream": {"schema": event}}},
+            **error_responses(400, 401, 404, 413, 500, 503)}
 
 
 def event_stream(chunks: AsyncIterator[BaseModel]) -> StreamingResponse:

@@ -5,20 +5,12 @@ from __future__ import annotations
 from typing import Any, AsyncIterator, Literal
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from pydantic import BaseModel, Field, model_validator
 
 from minisgl.server.boundary import Conversation, GenerateRequest
-from minisgl.server.errors import ApiError, error_responses
-from minisgl.server.generation import (
-    Choice,
-    collect,
-    event_stream,
-    event_stream_content,
-    outputs,
-    start,
-    usage,
-)
+from minisgl.server.errors import ApiError
+from minisgl.server.generation import Choice, generation_responses, outputs, respond, usage
 from minisgl.server.protocol import (
     MAX_LOGPROBS,
     ChatLogprobs,
@@ -132,22 +124,21 @@ class ChatCompletionChunk(Envelope):
 # ---------------------------------------------------------------- route
 
 
-@router.post("/v1/chat/completions", response_model=None, responses={
-    200: {"model": ChatCompletionResponse, "content": event_stream_content(ChatCompletionChunk)},
-    **error_responses(400, 401, 404, 413, 500, 503)})
+@router.post("/v1/chat/completions", response_model=None,
+             responses=generation_responses(ChatCompletionResponse, ChatCompletionChunk))
 async def chat_completions(body: ChatCompletionRequest, request: Request,
                            state: ServerState = Depends(server_state)) -> Response:
     conversation = Conversation([{"role": m.role, "content": m.text()} for m in body.messages])
-    gen, choices = await start(state, body, conversation, prompts=1)
     model = state.args.served_model_name
-    if body.stream:
-        return event_stream(chunks(state, body, gen, choices, model))
-    if not await collect(request, state, choices):
-        return Response(status_code=499)  # the client hung up; nobody reads this
-    return JSONResponse(ChatCompletionResponse(model=model, usage=usage(choices, gen.prompts), choices=[
-        ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
-                   logprobs=chat_logprobs(c.logprobs) if c.logprobs else None, finish_reason=c.finish)
-        for c in choices]).model_dump(mode="json"))
+
+    def whole(choices: list[Choice], usage: Usage) -> ChatCompletionResponse:
+        return ChatCompletionResponse(model=model, usage=usage, choices=[
+            ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
+                       logprobs=chat_logprobs(c.logprobs) if c.logprobs else None, finish_reason=c.finish)
+            for c in choices])
+
+    return await respond(request, state, body, conversation, 1, whole,
+                         lambda gen, choices: chunks(state, body, gen, choices, model))
 
 
 async def chunks(state: ServerState, body: ChatCompletionRequest, gen: GenerateRequest, choices: list[Choice],

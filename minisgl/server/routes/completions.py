@@ -9,20 +9,11 @@ from __future__ import annotations
 from typing import Annotated, Any, AsyncIterator, Literal
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from pydantic import AfterValidator, BaseModel, Field
 
 from minisgl.server.boundary import GenerateRequest
-from minisgl.server.errors import error_responses
-from minisgl.server.generation import (
-    Choice,
-    collect,
-    event_stream,
-    event_stream_content,
-    outputs,
-    start,
-    usage,
-)
+from minisgl.server.generation import Choice, generation_responses, outputs, respond, usage
 from minisgl.server.protocol import (
     MAX_LOGPROBS,
     CompletionLogprobs,
@@ -88,22 +79,20 @@ class CompletionChunk(Envelope):
     usage: Usage | None = None
 
 
-@router.post("/v1/completions", response_model=None, responses={
-    200: {"model": CompletionResponse, "content": event_stream_content(CompletionChunk)},
-    **error_responses(400, 401, 404, 413, 500, 503)})
+@router.post("/v1/completions", response_model=None,
+             responses=generation_responses(CompletionResponse, CompletionChunk))
 async def completions(body: CompletionRequest, request: Request,
                       state: ServerState = Depends(server_state)) -> Response:
     batch = body.prompts()
-    gen, choices = await start(state, body, batch, prompts=len(batch))
     model, ids_only = state.args.served_model_name, state.codec.tokenizer is None
-    if body.stream:
-        return event_stream(chunks(state, body, gen, choices, model, ids_only))
-    if not await collect(request, state, choices):
-        return Response(status_code=499)  # the client hung up; nobody reads this
-    return JSONResponse(CompletionResponse(model=model, usage=usage(choices, gen.prompts), choices=[
-        CompletionChoice(index=c.index, text=c.text, logprobs=completion_logprobs(c.logprobs) if c.logprobs else None,
-                         finish_reason=c.finish, token_ids=c.token_ids if ids_only else None)
-        for c in choices]).model_dump(mode="json"))
+
+    def whole(choices: list[Choice], usage: Usage) -> CompletionResponse:
+        return CompletionResponse(model=model, usage=usage, choices=[CompletionChoice(
+            index=c.index, text=c.text, logprobs=completion_logprobs(c.logprobs) if c.logprobs else None,
+            finish_reason=c.finish, token_ids=c.token_ids if ids_only else None) for c in choices])
+
+    return await respond(request, state, body, batch, len(batch), whole,
+                         lambda gen, choices: chunks(state, body, gen, choices, model, ids_only))
 
 
 async def chunks(state: ServerState, body: CompletionRequest, gen: GenerateRequest, choices: list[Choice],
