@@ -45,7 +45,7 @@ class SamplingParams:
 
         check(finite("temperature") and self.temperature >= 0, "temperature", "a number >= 0")
         check(finite("top_p") and 0 < self.top_p <= 1, "top_p", "in (0, 1]")
-        check(whole("top_k") and self.top_k >= -1, "top_k", "-1 or 0 (off), or >= 1")
+        check(whole("top_k") and (self.top_k == -1 or self.top_k >= 1), "top_k", "-1 (off) or >= 1")
         check(finite("min_p") and 0 <= self.min_p <= 1, "min_p", "in [0, 1]")
         check(whole("max_tokens") and self.max_tokens >= 1, "max_tokens", "an integer >= 1")
         check(whole("min_tokens") and 0 <= self.min_tokens <= self.max_tokens, "min_tokens",
@@ -61,8 +61,6 @@ class SamplingParams:
         check(self.logprobs is None or (whole("logprobs") and 0 <= self.logprobs <= 20), "logprobs",
               "None or an integer in [0, 20]")
         self.stop_token_ids = list(self.stop_token_ids)
-        if self.top_k == 0:  # vLLM's spelling of "off"; the sampler knows only -1
-            self.top_k = -1
 
     @property
     def greedy(self) -> bool:

@@ -107,8 +107,9 @@ class SamplingFields(StrictRequest):
 
     def shared_sampling(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in (
-            "temperature", "top_p", "top_k", "min_p", "min_tokens", "ignore_eos", "stop_token_ids", "seed",
-            "presence_penalty", "frequency_penalty", "repetition_penalty")}
+            "temperature", "top_p", "min_p", "min_tokens", "ignore_eos", "stop_token_ids", "seed",
+            "presence_penalty", "frequency_penalty", "repetition_penalty")} | {
+            "top_k": -1 if self.top_k == 0 else self.top_k}  # 0 is vLLM's spelling of "off"
 
     @property
     def include_usage(self) -> bool:

@@ -47,7 +47,7 @@ class ServerState:
         admitted, the caller submits them all or releases the rest (client.release)."""
         self.check_serving()
         if model != self.args.served_model_name:
-            raise ApiError(404, f"the model '{model}' does not exist; this server serves "
+            raise ApiError(404, f"the model {model[:200]!r} does not exist; this server serves "
                                 f"'{self.args.served_model_name}'", param="model", code="model_not_found")
         limit = self.args.max_queued_requests
         if sequences > limit:
