@@ -75,17 +75,36 @@ class ContextLengthError(ValueError):
     """A prompt too long for the context or the KV pool (OpenAI's `context_length_exceeded`)."""
 
 
+def check_token_ids(ids: list[int], vocab_size: int, field: str) -> None:
+    """Refuse ids outside the vocabulary: one would index past the embedding or the sampler's rows."""
+    bad = next((t for t in ids if not (isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size)), None)
+    if bad is not None:
+        raise ValueError(f"{field} must hold token ids in [0, {vocab_size}), got {bad!r}")
+
+
 def check_prompt(ids: list[int], vocab_size: int, max_seq_len: int, kv_capacity: int) -> None:
     """Refuse a prompt the engine cannot serve; both fronts (offline LLM, HTTP server) call this."""
     if not ids:
         raise ValueError("prompt is empty")
-    if not all(isinstance(t, int) and 0 <= t < vocab_size for t in ids):
-        raise ValueError(f"prompt token ids must be integers in [0, {vocab_size})")
-    if len(ids) >= max_seq_len:
+    check_token_ids(ids, vocab_size, "prompt")
+    check_prompt_length(len(ids), max_seq_len, kv_capacity)
+
+
+def check_prompt_length(num_tokens: int, max_seq_len: int, kv_capacity: int) -> None:
+    """A prompt of `num_tokens` must leave room to generate, in the context and in the KV pool."""
+    if num_tokens >= max_seq_len:
         raise ContextLengthError(f"this model's maximum context length is {max_seq_len} tokens, but the prompt "
-                                 f"has {len(ids)} tokens, leaving no room to generate")
-    if len(ids) >= kv_capacity:
-        raise ContextLengthError(f"the prompt has {len(ids)} tokens but the KV pool holds only {kv_capacity}")
+                                 f"has {num_tokens} tokens, leaving no room to generate")
+    if num_tokens >= kv_capacity:
+        raise ContextLengthError(f"the prompt has {num_tokens} tokens but the KV pool holds only {kv_capacity}")
+
+
+def check_request(ids: list[int], params: SamplingParams, vocab_size: int, max_seq_len: int,
+                  kv_capacity: int) -> None:
+    """Everything about one request that depends on the model, checked before it reaches a scheduler
+    (which would fail on it mid-batch): the prompt, and every token id the sampling parameters name."""
+    check_prompt(ids, vocab_size, max_seq_len, kv_capacity)
+    check_token_ids(params.stop_token_ids, vocab_size, "stop_token_ids")
 
 
 class ReqStatus(enum.Enum):

@@ -15,7 +15,7 @@ from itertools import count
 from pathlib import Path
 from typing import Sequence
 
-from minisgl.core import Req, SamplingParams, TokenLogprob, check_prompt
+from minisgl.core import Req, SamplingParams, TokenLogprob, check_request
 from minisgl.distributed import free_port, init_tp_group
 from minisgl.engine.config import EngineArgs
 from minisgl.engine.engine import Engine, resolve_device
@@ -96,7 +96,7 @@ class LLM:
         else:
             ids = list(prompt)
         engine = self.engine
-        check_prompt(ids, engine.config.vocab_size, engine.max_seq_len, engine.num_pages * engine.page_size)
+        check_request(ids, params, engine.config.vocab_size, engine.max_seq_len, engine.num_pages * engine.page_size)
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
         return Req(next(self._rids), ids, params, seed)
 

@@ -15,8 +15,10 @@ from minisgl.distributed import free_port
 
 
 class Server:
-    def __init__(self, model: str, *extra: str, name: str = "tiny"):
+    def __init__(self, model: str, *extra: str, name: str = "tiny", api_key: str | None = None):
         self.port = free_port()
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        extra = (*extra, "--api-key", api_key) if api_key else extra
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"minisgl-server-{self.port}.log"), "w+")
         source = ["--model", model, "--served-model-name", name] if model != "--demo" else ["--demo"]
@@ -45,7 +47,7 @@ class Server:
         return self.log.read()
 
     def info(self) -> dict:
-        return httpx.get(f"{self.url}/get_server_info", timeout=10).json()
+        return httpx.get(f"{self.url}/get_server_info", headers=self.headers, timeout=10).json()
 
     def stop(self) -> int:
         if self.proc.poll() is None:

@@ -1,15 +1,32 @@
-"""The api's engine client over real ZMQ sockets, without the other processes."""
+"""The api's engine client over real ZMQ sockets, without the other processes; and errors delivered to clients
+through the real app and detokenizer, the test playing the scheduler."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import json
+import multiprocessing
+import threading
+import time
 
+import httpx
+import openai
+import pytest
+import uvicorn
 import zmq
 import zmq.asyncio
 
+from minisgl.core import Req
+from minisgl.distributed import free_port
+from minisgl.scheduler import AddReq
+from minisgl.server.api import build_app
+from minisgl.server.args import parse_args
+from minisgl.server.detokenizer_worker import run_detokenizer
 from minisgl.server.engine_client import EngineClient
-from minisgl.server.ipc import IpcPaths, Ready, StatsReply, outbox
+from minisgl.server.ipc import IpcPaths, Ready, ReqOutput, StatsReply, inbox, outbox
 from minisgl.server.metrics import Metrics
+from minisgl.server.state import ServerState
 
 
 def test_ready_only_once_scheduler_and_detokenizer_report():
@@ -49,3 +66,109 @@ def test_stats_reply_reaches_its_waiter():
         router.cancel()
 
     asyncio.run(scenario())
+
+
+# ---------------------------------------------------------------- errors reach their client
+
+
+class StandInScheduler:
+    """The real api (FastAPI app under uvicorn, in a thread) and the real detokenizer process, on their real
+    sockets; the test plays scheduler rank 0: it takes the api's AddReq messages and sends ReqOutputs to the
+    detokenizer."""
+
+    def __init__(self, model: str):
+        from transformers import AutoTokenizer
+
+        self.ipc = IpcPaths.new()
+        self.tokenizer = AutoTokenizer.from_pretrained(model)
+        self.inbox = inbox(zmq.Context.instance(), self.ipc.scheduler)
+        self.to_detok = outbox(zmq.Context.instance(), self.ipc.detokenizer)
+        self.detokenizer = multiprocessing.get_context("spawn").Process(
+            target=run_detokenizer, args=(model, self.ipc, "warning"), daemon=True)
+        self.detokenizer.start()
+        args = parse_args(["--model", model, "--served-model-name", "tiny", "--device", "cpu"])
+        self.state = ServerState(args, self.ipc, self.tokenizer)
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(build_app(self.state), port=self.port, log_level="warning"))
+        self.server_thread = threading.Thread(target=self.server.run, daemon=True)
+        self.server_thread.start()
+        self.to_api = outbox(zmq.Context.instance(), self.ipc.api)  # kept: a closed socket drops what it holds
+        self.to_api.send_pyobj(Ready("scheduler", {
+            "max_seq_len": 64, "vocab_size": 512, "kv_capacity_tokens": 4096, "dtype": "float32", "device": "cpu",
+            "tp_size": 1}))
+        self.url = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError("the api never became ready")
+
+    def next_request(self) -> Req:
+        while True:
+            assert self.inbox.poll(30_000), "no request reached the scheduler"
+            message = self.inbox.recv_pyobj()
+            if isinstance(message, AddReq):
+                return message.req
+
+    def emit(self, req: Req, ids: list[int], finish: str | None = None, error: str | None = None) -> None:
+        self.to_detok.send_pyobj([ReqOutput(req.rid, ids, [], finish, len(req.prompt_ids), 0, error)])
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.server_thread.join(timeout=30)
+        self.detokenizer.kill()
+
+
+@pytest.fixture(scope="module")
+def stand_in(tiny_models):
+    engine = StandInScheduler(tiny_models["qwen3"])
+    yield engine
+    engine.stop()
+
+
+def test_a_failed_request_answers_500_and_the_others_finish(stand_in):
+    client = openai.OpenAI(base_url=f"{stand_in.url}/v1", api_key="x", max_retries=0)
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        calls = [pool.submit(client.completions.create, model="tiny", prompt=f"request {i}", max_tokens=3)
+                 for i in range(3)]
+        reqs = sorted((stand_in.next_request() for _ in range(3)), key=lambda r: r.rid)
+        for req in reqs:
+            stand_in.emit(req, [40])
+        stand_in.emit(reqs[1], [], "abort", error="sampler fault: NaN in the logits")  # fails alone
+        for req in (reqs[0], reqs[2]):
+            stand_in.emit(req, [41, 42], "length")
+        outcomes = []
+        for call in calls:
+            try:
+                outcomes.append(call.result(timeout=30).choices[0].finish_reason)
+            except openai.InternalServerError as exc:
+                outcomes.append(exc.body)
+    failed = [o for o in outcomes if isinstance(o, dict)]
+    assert sorted(o for o in outcomes if isinstance(o, str)) == ["length", "length"]
+    assert failed == [{"message": "sampler fault: NaN in the logits", "type": "internal_server_error",
+                       "param": None, "code": None}]
+    assert stand_in.state.client.in_flight == 0 and stand_in.state.client.queued == 0
+
+
+def test_a_failed_stream_ends_with_an_error_event_then_done(stand_in):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": True}
+    with httpx.stream("POST", f"{stand_in.url}/v1/chat/completions", json=body, timeout=30) as resp:
+        req = stand_in.next_request()
+        stand_in.emit(req, stand_in.tokenizer("Hello", add_special_tokens=False)["input_ids"])
+        stand_in.emit(req, [], "abort", error="engine fault in this request")
+        events = [line[len("data: "):] for line in resp.iter_lines() if line.startswith("data: ")]
+    assert resp.status_code == 200
+    assert json.loads(events[1])["choices"][0]["delta"]["content"] == "Hello"
+    assert json.loads(events[-2]) == {"error": {"message": "engine fault in this request",
+                                                "type": "internal_server_error", "param": None, "code": None}}
+    assert events[-1] == "[DONE]"
+    # the server goes on serving
+    call = concurrent.futures.ThreadPoolExecutor(1).submit(
+        httpx.post, f"{stand_in.url}/v1/completions", json={"model": "tiny", "prompt": [1, 2], "max_tokens": 1},
+        timeout=30)
+    stand_in.emit(stand_in.next_request(), [7], "length")
+    assert call.result().json()["choices"][0]["finish_reason"] == "length"

@@ -1,4 +1,4 @@
-"""The OpenAI protocol layer: request parsing, conversion to SamplingParams, response shapes."""
+"""The wire formats: request parsing (strict types, ranges, text) and response shapes."""
 
 from __future__ import annotations
 
@@ -7,32 +7,20 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from minisgl.core import SamplingParams
-from minisgl.server.protocol import (
+from minisgl.server.errors import ApiError, field_path
+from minisgl.server.protocol import PromptTokensDetails, Usage, chat_logprobs, completion_logprobs
+from minisgl.server.routes.chat import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatResponseMessage,
-    CompletionChoice,
-    CompletionChunk,
-    CompletionRequest,
-    CompletionResponse,
     DeltaMessage,
-    ModelCard,
-    ModelList,
-    PromptTokensDetails,
-    ProtocolError,
-    Usage,
-    chat_logprobs,
-    completion_logprobs,
-    error_body,
-    stop_strings,
-    to_sampling_params,
 )
-
-LIMIT = 1000
+from minisgl.server.routes.completions import CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse
+from minisgl.server.routes.ops import ModelCard, ModelList
+from minisgl.server.routes.tokenize import DetokenizeRequest
 
 
 def chat(**fields) -> ChatCompletionRequest:
@@ -42,6 +30,13 @@ def chat(**fields) -> ChatCompletionRequest:
 
 def completion(**fields) -> CompletionRequest:
     return CompletionRequest.model_validate({"model": "m", "prompt": "hi"} | fields)
+
+
+def refused_field(make, **fields) -> str:
+    """The request field a schema error names (as the server's 400 `param` does)."""
+    with pytest.raises(ValidationError) as e:
+        make(**fields)
+    return field_path(e.value.errors()[0]["loc"])[0]
 
 
 # ---------------------------------------------------------------- parsing
@@ -59,29 +54,26 @@ def test_chat_string_and_text_parts():
     assert req.messages[3].tool_call_id == "call_1"
 
 
-def test_chat_image_part_rejected():
-    req = chat(messages=[{"role": "user", "content": [
-        {"type": "text", "text": "what is this"},
-        {"type": "image_url", "image_url": {"url": "http://x/y.png"}},
-    ]}])
-    with pytest.raises(ProtocolError) as e:
-        req.messages[0].text()
-    assert e.value.param == "messages"
-    assert "only text content parts" in e.value.message
+def test_chat_image_part_refused_by_name():
+    with pytest.raises(ValidationError) as e:
+        chat(messages=[{"role": "user", "content": [
+            {"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}])
+    error = e.value.errors()[0]
+    assert field_path(error["loc"])[0] == "messages" and "only text content parts" in error["msg"]
+    assert "image_url" in error["msg"]
 
 
-def test_chat_validation_errors():
-    with pytest.raises(ValidationError):
-        chat(messages=[])
-    with pytest.raises(ValidationError):
-        chat(messages=[{"role": "robot", "content": "x"}])
-    with pytest.raises(ValidationError):
-        ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}]})  # no model
+def test_chat_schema_errors_name_the_field():
+    assert refused_field(chat, messages=[]) == "messages"
+    assert refused_field(chat, messages=[{"role": "robot", "content": "x"}]) == "messages"
+    with pytest.raises(ValidationError) as e:
+        ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}]})
+    assert field_path(e.value.errors()[0]["loc"]) == ["model"]
 
 
 def test_unknown_fields_ignored():
-    req = chat(logit_bias={"1": 5}, tools=[], parallel_tool_calls=True)
-    assert not hasattr(req, "logit_bias")
+    req = chat(tools=[], parallel_tool_calls=True, response_format={"type": "text"})
+    assert not hasattr(req, "tools")
     assert completion(suffix="x").prompts() == ["hi"]
 
 
@@ -95,11 +87,9 @@ def test_prompt_shapes(prompt, expected):
     assert completion(prompt=prompt).prompts() == expected
 
 
-@pytest.mark.parametrize("prompt", ["", [], ["a", ""], [[1], []]])
-def test_empty_prompt(prompt):
-    with pytest.raises(ProtocolError) as e:
-        completion(prompt=prompt).prompts()
-    assert e.value.param == "prompt"
+@pytest.mark.parametrize("prompt", ["", [], ["a", ""], [[1], []], [1, -2], [[1, 2], ["a"]], {"a": 1}, None])
+def test_bad_prompts_are_refused_naming_prompt(prompt):
+    assert refused_field(completion, prompt=prompt) == "prompt"
 
 
 def test_completion_defaults():
@@ -107,94 +97,73 @@ def test_completion_defaults():
     assert req.max_tokens == 16 and req.logprobs is None and req.echo is False and req.n == 1
 
 
-# ---------------------------------------------------------------- to_sampling_params
+# ---------------------------------------------------------------- strict types (as OpenAI: no coercion)
 
 
-def test_defaults():
-    p = to_sampling_params(chat(), LIMIT)
-    assert p == SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0, max_tokens=LIMIT,
-                               presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0)
-    assert p.logprobs is None
-    assert to_sampling_params(completion(), LIMIT).max_tokens == 16
-
-
-def test_fields_pass_through():
-    p = to_sampling_params(chat(temperature=0, top_p=0.5, top_k=20, min_p=0.1, seed=7, min_tokens=3,
-                                stop_token_ids=[5, 6], ignore_eos=True, presence_penalty=0.5,
-                                frequency_penalty=-0.5, repetition_penalty=1.2, max_tokens=50), LIMIT)
-    assert (p.temperature, p.top_p, p.top_k, p.min_p, p.seed) == (0, 0.5, 20, 0.1, 7)
-    assert (p.min_tokens, p.max_tokens, p.stop_token_ids, p.ignore_eos) == (3, 50, [5, 6], True)
-    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, -0.5, 1.2)
-
-
-def test_max_tokens_choice_and_clamp():
-    assert to_sampling_params(chat(max_tokens=10, max_completion_tokens=20), LIMIT).max_tokens == 20
-    assert to_sampling_params(chat(max_tokens=10), LIMIT).max_tokens == 10
-    assert to_sampling_params(chat(max_completion_tokens=5000), LIMIT).max_tokens == LIMIT
-    assert to_sampling_params(completion(max_tokens=5000), 100).max_tokens == 100
-    p = to_sampling_params(completion(max_tokens=500, min_tokens=400), 100)
-    assert (p.max_tokens, p.min_tokens) == (100, 100)
-
-
-def test_prompt_fills_context():
-    with pytest.raises(ProtocolError) as e:
-        to_sampling_params(chat(), 0)
-    assert e.value.param == "messages"
-    with pytest.raises(ProtocolError) as e:
-        to_sampling_params(completion(), 0)
-    assert e.value.param == "prompt"
-
-
-def test_logprobs():
-    assert to_sampling_params(chat(logprobs=True), LIMIT).logprobs == 0
-    assert to_sampling_params(chat(logprobs=True, top_logprobs=5), LIMIT).logprobs == 5
-    assert to_sampling_params(completion(logprobs=20), LIMIT).logprobs == 20
-    assert to_sampling_params(completion(logprobs=0), LIMIT).logprobs == 0
-
-
-@pytest.mark.parametrize("fields, param", [
-    ({"temperature": -1}, "temperature"),
-    ({"top_p": 0}, "top_p"),
-    ({"top_k": 0}, "top_k"),
-    ({"min_p": 2}, "min_p"),
-    ({"n": 0}, "n"),
-    ({"n": 17}, "n"),
-    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-    ({"top_logprobs": 3}, "top_logprobs"),
-    ({"presence_penalty": 3}, "presence_penalty"),
-    ({"frequency_penalty": -3}, "frequency_penalty"),
-    ({"repetition_penalty": 0}, "repetition_penalty"),
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"max_completion_tokens": 0}, "max_completion_tokens"),
-    ({"min_tokens": 20, "max_tokens": 10}, "min_tokens"),
-    ({"stop_token_ids": [-1]}, "stop_token_ids"),
-    ({"stop": [f"s{i}" for i in range(17)]}, "stop"),
-    ({"stop": ""}, "stop"),
-    ({"stop": ["ok", ""]}, "stop"),
+@pytest.mark.parametrize("field, value", [
+    ("max_tokens", True), ("max_tokens", "3"), ("max_tokens", 3.5), ("n", "1"), ("n", True), ("temperature", "0.5"),
+    ("temperature", True), ("stream", "no"), ("stream", 0), ("ignore_eos", 1), ("seed", "7"), ("top_k", 2.5),
+    ("stop_token_ids", [1, True]), ("stop_token_ids", ["1"]), ("logit_bias", {"1": "5"}), ("echo", 0),
+    ("echo", True), ("temperature", float("nan")), ("top_p", float("inf")), ("user", 5), ("stop", 3),
 ])
-def test_chat_invalid(fields, param):
-    with pytest.raises(ProtocolError) as e:
-        to_sampling_params(chat(**fields), LIMIT)
-    assert e.value.param == param
-    assert param in e.value.message
+def test_wrong_types_are_refused_not_coerced(field, value):
+    assert refused_field(completion, **{field: value}) == field
 
 
-@pytest.mark.parametrize("fields, param", [
-    ({"logprobs": 21}, "logprobs"),
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"temperature": -1}, "temperature"),
-    ({"n": 17}, "n"),
+def test_integral_numbers_count_as_integers():
+    # JSON Schema calls 3.0 an integer (clients generated from openapi.json may send it)
+    req = completion(prompt=[1.0, 2], max_tokens=3.0, n=2.0)
+    assert req.prompt == [1, 2] and req.max_tokens == 3 and req.n == 2
+    assert all(type(x) is int for x in req.prompt)
+
+
+@pytest.mark.parametrize("make, fields, field", [
+    (chat, {"messages": [{"role": "user", "content": "\ud800"}]}, "messages"),
+    (chat, {"model": "a\udfffb"}, "model"),
+    (chat, {"messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]}, "messages"),
+    (completion, {"prompt": "x\ud800"}, "prompt"),
+    (completion, {"prompt": ["ok", "\ud800"]}, "prompt"),
+    (completion, {"stop": ["\ud800"]}, "stop"),
+    (completion, {"user": "\ud800"}, "user"),
 ])
-def test_completion_invalid(fields, param):
-    with pytest.raises(ProtocolError) as e:
-        to_sampling_params(completion(**fields), LIMIT)
-    assert e.value.param == param
+def test_lone_surrogates_are_refused_naming_the_field(make, fields, field):
+    assert refused_field(make, **fields) == field
 
 
-def test_stop_strings():
-    assert stop_strings(chat()) == []
-    assert stop_strings(chat(stop="\n")) == ["\n"]
-    assert stop_strings(completion(stop=["a", "b"])) == ["a", "b"]
+@pytest.mark.parametrize("make, fields, param", [
+    (chat, {"temperature": -1}, "temperature"),
+    (chat, {"top_p": 0}, "top_p"),
+    (chat, {"top_k": -2}, "top_k"),
+    (chat, {"min_p": 2}, "min_p"),
+    (chat, {"n": 0}, "n"),
+    (chat, {"n": 17}, "n"),
+    (chat, {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    (chat, {"presence_penalty": 3}, "presence_penalty"),
+    (chat, {"frequency_penalty": -3}, "frequency_penalty"),
+    (chat, {"repetition_penalty": 0}, "repetition_penalty"),
+    (chat, {"max_tokens": 0}, "max_tokens"),
+    (chat, {"max_completion_tokens": 0}, "max_completion_tokens"),
+    (chat, {"min_tokens": -1}, "min_tokens"),
+    (chat, {"stop_token_ids": [-1]}, "stop_token_ids"),
+    (chat, {"stop": [f"s{i}" for i in range(17)]}, "stop"),
+    (chat, {"stop": ""}, "stop"),
+    (chat, {"stop": ["ok", ""]}, "stop"),
+    (chat, {"logit_bias": {"1": 101}}, "logit_bias"),
+    (chat, {"logit_bias": {"abc": 1}}, "logit_bias"),
+    (chat, {"logit_bias": {"-1": 1}}, "logit_bias"),
+    (completion, {"logprobs": 21}, "logprobs"),
+    (completion, {"max_tokens": 0}, "max_tokens"),
+    (completion, {"temperature": -1}, "temperature"),
+    (completion, {"echo": True}, "echo"),
+])
+def test_ranges_are_refused_naming_the_field(make, fields, param):
+    assert refused_field(make, **fields) == param
+
+
+def test_detokenize_ids_are_non_negative_integers():
+    assert DetokenizeRequest.model_validate({"tokens": [0, 5.0]}).tokens == [0, 5]
+    with pytest.raises(ValidationError):
+        DetokenizeRequest.model_validate({"tokens": [-1]})
 
 
 # ---------------------------------------------------------------- responses
@@ -213,7 +182,7 @@ def test_chat_response_shape():
     resp = ChatCompletionResponse(model="m", usage=usage(), choices=[
         ChatChoice(index=0, message=ChatResponseMessage(content="hello"), finish_reason="stop")])
     body = json.loads(resp.model_dump_json())
-    assert set(body) == {"id", "object", "created", "model", "choices", "usage"}
+    assert list(body) == ["id", "object", "created", "model", "choices", "usage"]
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
     assert isinstance(body["created"], int)
     assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "hello"},
@@ -241,9 +210,11 @@ def test_completion_shapes():
     resp = CompletionResponse(model="m", usage=usage(), choices=[
         CompletionChoice(index=0, text="abc", finish_reason="length")])
     body = json.loads(resp.model_dump_json())
-    assert set(body) == {"id", "object", "created", "model", "choices", "usage"}
+    assert list(body) == ["id", "object", "created", "model", "choices", "usage"]
     assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
     assert body["choices"] == [{"index": 0, "text": "abc", "logprobs": None, "finish_reason": "length"}]
+    ids_only = CompletionChoice(index=0, text="", token_ids=[5, 6], finish_reason="length").model_dump()
+    assert ids_only["token_ids"] == [5, 6]
     chunk = CompletionChunk(model="m", choices=[CompletionChoice(index=0, text="a")]).model_dump(exclude_none=True)
     assert chunk["object"] == "text_completion"
     assert chunk["choices"] == [{"index": 0, "text": "a"}] and "usage" not in chunk
@@ -256,35 +227,36 @@ def test_models_and_errors():
     assert set(card) == {"id", "object", "created", "owned_by", "max_model_len"}
     assert (card["id"], card["object"], card["owned_by"], card["max_model_len"]) == ("qwen", "model", "minisgl", 4096)
 
-    assert error_body("bad n", "invalid_request_error", "n", 400) == {
-        "error": {"message": "bad n", "type": "invalid_request_error", "param": "n", "code": 400}}
-    assert error_body("oops")["error"] == {"message": "oops", "type": "invalid_request_error",
-                                           "param": None, "code": None}
+    assert ApiError(400, "bad n", param="n", code="x").body() == {
+        "error": {"message": "bad n", "type": "invalid_request_error", "param": "n", "code": "x"}}
+    assert ApiError(503, "busy").body()["error"]["type"] == "service_unavailable"
+    assert ApiError(500, "oops").body()["error"] == {"message": "oops", "type": "internal_server_error",
+                                                     "param": None, "code": None}
 
 
 # ---------------------------------------------------------------- logprobs payloads
 
 
 def test_chat_logprobs():
-    out = chat_logprobs([("Hé", -0.5, [("Hé", -0.5), ("H", -1.5)]), (" x", -0.1, [])])
+    out = chat_logprobs([("Hé", -0.5, [("Hé", -0.5), ("H", -1.5)]), (" x", -0.1, [])]).model_dump()
     assert out == {"content": [
         {"token": "Hé", "logprob": -0.5, "bytes": [72, 195, 169], "top_logprobs": [
             {"token": "Hé", "logprob": -0.5, "bytes": [72, 195, 169]},
             {"token": "H", "logprob": -1.5, "bytes": [72]}]},
         {"token": " x", "logprob": -0.1, "bytes": [32, 120], "top_logprobs": []},
     ]}
-    assert chat_logprobs([]) == {"content": []}
+    assert chat_logprobs([]).model_dump() == {"content": []}
 
 
 def test_completion_logprobs():
     out = completion_logprobs([("ab", -0.5, [("ab", -0.5), ("a", -2.0)]), ("c", -0.25, [("c", -0.25)])],
-                              text_offset_start=3)
+                              text_offset_start=3).model_dump()
     assert out == {"tokens": ["ab", "c"], "token_logprobs": [-0.5, -0.25],
                    "top_logprobs": [{"ab": -0.5, "a": -2.0}, {"c": -0.25}], "text_offset": [3, 5]}
 
 
 def test_logprobs_stay_json_encodable():
     out = chat_logprobs([("a", -0.5, [("b", float("-inf"))])])
-    json.dumps(out, allow_nan=False)
-    assert out["content"][0]["top_logprobs"][0]["logprob"] == -9999.0
-    json.dumps(completion_logprobs([("a", float("-inf"), [])]), allow_nan=False)
+    json.loads(out.model_dump_json())
+    assert out.content[0].top_logprobs[0].logprob == -9999.0
+    json.dumps(completion_logprobs([("a", float("-inf"), [])]).model_dump(), allow_nan=False)

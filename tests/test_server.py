@@ -134,7 +134,7 @@ def test_logprobs_and_max_completion_tokens(client):
 BAD_REQUESTS = [  # (path, body or raw bytes, status, param)
     ("/v1/chat/completions", {"model": "tiny", "messages": CHAT, "temperature": -1}, 400, "temperature"),
     ("/v1/chat/completions", {"model": "tiny", "messages": CHAT, "top_p": 0}, 400, "top_p"),
-    ("/v1/chat/completions", {"model": "tiny", "messages": CHAT, "top_k": 0}, 400, "top_k"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": CHAT, "top_k": -2}, 400, "top_k"),
     ("/v1/chat/completions", {"model": "tiny", "messages": CHAT, "n": 0}, 400, "n"),
     ("/v1/chat/completions", {"model": "tiny", "messages": CHAT, "max_tokens": 0}, 400, "max_tokens"),
     ("/v1/chat/completions", {"model": "tiny", "messages": CHAT, "presence_penalty": 5}, 400, "presence_penalty"),

@@ -16,10 +16,22 @@ class ServerArgs:
     served_model_name: str
     api_key: str | None
     max_queued_requests: int
+    max_request_bytes: int
     shutdown_timeout: float
     shell: bool
     demo: bool
     log_level: str
+    skip_tokenizer_init: bool
+
+
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024  # a 128k-token prompt as text is ~0.5 MB, as token ids ~1 MB
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--dummy-weight", action="store_true", help="random weights from config.json (benchmarks)")
     model.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                        help="SGLang spelling: 'dummy' equals --dummy-weight")
+    model.add_argument("--skip-tokenizer-init", action="store_true",
+                       help="serve without a tokenizer: prompts and outputs are token ids (/v1/completions only)")
     model.add_argument("--demo", action="store_true",
                        help="serve a tiny random model made on the spot, on the CPU (no --model needed)")
 
@@ -61,11 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
     server = p.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 in containers)")
     server.add_argument("--port", type=int, default=1919)
-    server.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on the /v1 endpoints")
-    server.add_argument("--max-queued-requests", type=int, default=1024,
-                        help="requests waiting for their first token beyond which new ones get 503")
+    server.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every route but /health and /metrics")
+    server.add_argument("--max-queued-requests", type=positive_int, default=1024,
+                        help="sequences waiting for their first token beyond which new requests get 503")
+    server.add_argument("--max-request-bytes", type=positive_int, default=DEFAULT_MAX_REQUEST_BYTES,
+                        help="larger request bodies get 413 before they are read (default: 4 MiB)")
     server.add_argument("--shutdown-timeout", type=float, default=30.0,
-                        help="seconds in-flight requests may take to finish after SIGTERM")
+                        help="seconds in-flight requests may take to finish after SIGTERM; then they get an error "
+                             "and the server exits")
     server.add_argument("--shell", action="store_true", help="interactive chat in this terminal (/reset, /exit)")
     server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
@@ -89,4 +106,4 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     except ValueError as exc:
         parser.error(str(exc))
     return ServerArgs(engine, a.host, a.port, a.served_model_name or a.model, a.api_key, a.max_queued_requests,
-                      a.shutdown_timeout, a.shell, a.demo, a.log_level)
+                      a.max_request_bytes, a.shutdown_timeout, a.shell, a.demo, a.log_level, a.skip_tokenizer_init)

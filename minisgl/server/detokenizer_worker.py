@@ -1,7 +1,9 @@
 """The detokenizer process: token ids from the scheduler -> UTF-8-safe text deltas for the api.
 
 Stop strings are found here; when one fires, the request is finished towards the client at once and
-an abort is sent to the scheduler so its pages are freed.
+an abort is sent to the scheduler so its pages are freed. A request this process fails on is finished
+with an error in the same way, and the process goes on with the others. Without a tokenizer
+(--skip-tokenizer-init) outputs carry token ids only: the text is empty, logprob tokens read "token_id:N".
 """
 
 from __future__ import annotations
@@ -17,12 +19,15 @@ from minisgl.server.ipc import DetokRegister, IpcPaths, Ready, ReqOutput, TextOu
 logger = logging.getLogger("minisgl.detokenizer")
 
 
-def run_detokenizer(model_path: str, ipc: IpcPaths, log_level: str) -> None:
+def run_detokenizer(tokenizer_path: str | None, ipc: IpcPaths, log_level: str) -> None:
     become_child()
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s [detokenizer] %(levelname)s %(message)s")
-    from transformers import AutoTokenizer
+    tokenizer = None
+    if tokenizer_path is not None:
+        from transformers import AutoTokenizer
 
-    Detokenizer(AutoTokenizer.from_pretrained(model_path), ipc).run()
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    Detokenizer(tokenizer, ipc).run()
 
 
 class Detokenizer:
@@ -32,44 +37,64 @@ class Detokenizer:
         self.inbox = inbox(ctx, ipc.detokenizer)
         self.to_api = outbox(ctx, ipc.api)
         self.to_scheduler = outbox(ctx, ipc.scheduler)
-        self.states: dict[int, IncrementalDetokenizer] = {}
+        self.states: dict[int, IncrementalDetokenizer | None] = {}  # None: no tokenizer, ids only
         self.early: dict[int, list[ReqOutput]] = {}  # outputs that overtook their request's DetokRegister
-        self.stopped: set[int] = set()  # ended by a stop string; the scheduler's abort is still to come
+        self.ended_here: set[int] = set()  # finished by a stop string or a failure; the scheduler's abort is to come
 
     def run(self) -> None:
         self.to_api.send_pyobj(Ready("detokenizer"))
         while True:
             message = self.inbox.recv_pyobj()
             if isinstance(message, DetokRegister):
-                self.states[message.rid] = IncrementalDetokenizer(self.tokenizer, message.stop,
-                                                                  message.skip_special_tokens)
+                self.states[message.rid] = None if self.tokenizer is None else IncrementalDetokenizer(
+                    self.tokenizer, message.stop, message.skip_special_tokens)
                 outputs = self.early.pop(message.rid, [])
             else:
                 outputs = message
-            texts = [text for out in outputs if (text := self.convert(out)) is not None]
+            texts = [text for out in outputs if (text := self.convert_or_fail(out)) is not None]
             if texts:
                 self.to_api.send_pyobj(texts)
 
+    def convert_or_fail(self, out: ReqOutput) -> TextOutput | None:
+        try:
+            return self.convert(out)
+        except Exception as exc:
+            logger.exception("detokenizing request %d failed; finishing it with an error", out.rid)
+            self.states.pop(out.rid, None)
+            self.end_here(out)
+            return TextOutput(out.rid, "", [], [], "abort", out.prompt_tokens, out.cached_tokens,
+                              f"detokenizing the output failed: {type(exc).__name__}")
+
+    def end_here(self, out: ReqOutput) -> None:
+        """The client's answer ends now; if the scheduler is still running the request, stop it."""
+        if out.finish_reason is None:
+            self.ended_here.add(out.rid)
+            self.to_scheduler.send_pyobj(AbortReq(out.rid))
+
     def convert(self, out: ReqOutput) -> TextOutput | None:
-        if out.rid in self.stopped:  # tokens produced after the stop string; drop them
+        if out.rid in self.ended_here:  # tokens produced after the answer ended; drop them
             if out.finish_reason is not None:
-                self.stopped.discard(out.rid)
+                self.ended_here.discard(out.rid)
             return None
-        state = self.states.get(out.rid)
-        if state is None:
+        if out.rid not in self.states:
             self.early.setdefault(out.rid, []).append(out)
             return None
-        delta = state.add(out.new_ids)
-        text, finish = delta.text, out.finish_reason
-        if delta.stopped:
-            if finish is None:
-                self.stopped.add(out.rid)
-                self.to_scheduler.send_pyobj(AbortReq(out.rid))
-            finish = "stop"
-        elif finish is not None:
-            text += state.flush()
+        state = self.states[out.rid]
+        text, finish = "", out.finish_reason
+        if state is not None:
+            delta = state.add(out.new_ids)
+            text = delta.text
+            if delta.stopped:
+                self.end_here(out)
+                finish = "stop"
+            elif finish is not None:
+                text += state.flush()
         if finish is not None:
             del self.states[out.rid]
-        decode = self.tokenizer.decode
-        logprobs = [(decode([lp.token_id]), lp.logprob, [(decode([t]), v) for t, v in lp.top]) for lp in out.logprobs]
-        return TextOutput(out.rid, text, out.new_ids, logprobs, finish, out.prompt_tokens, out.cached_tokens)
+        logprobs = [(self.token_text(lp.token_id), lp.logprob, [(self.token_text(t), v) for t, v in lp.top])
+                    for lp in out.logprobs]
+        return TextOutput(out.rid, text, out.new_ids, logprobs, finish, out.prompt_tokens, out.cached_tokens,
+                          out.error)
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id]) if self.tokenizer is not None else f"token_id:{token_id}"

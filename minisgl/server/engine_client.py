@@ -1,7 +1,12 @@
-"""The api process's handle on the engine: submit requests, stream their text, abort, ask for stats.
+"""The api process's handle on the engine: submit sequences, stream their text, abort, ask for stats.
 
-One asyncio task reads the api inbox and routes each message to the request waiting for it. A
-request whose consumer goes away (client disconnect, cancellation) is aborted in the scheduler.
+One asyncio task (`run`) reads the api inbox and routes each message to the sequence waiting for it. The
+router, not the consumer, keeps the books (first token, finish, timings, metrics): a consumer that never
+starts or goes away early cannot leave a count behind. A consumer that leaves before its sequence
+finished aborts it in the scheduler, whose final "abort" output then closes the books.
+
+Admission (`admit`) counts sequences from the moment a request is accepted, before it is tokenized, so
+a burst cannot pass the --max-queued-requests check all at once before any of it is counted.
 """
 
 from __future__ import annotations
@@ -10,7 +15,6 @@ import asyncio
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 import zmq
@@ -24,18 +28,37 @@ from minisgl.server.metrics import Metrics
 logger = logging.getLogger("minisgl.api")
 
 
-@dataclass
-class Finished:
-    """What the api needs once a request ends: for usage, logs and metrics."""
+class RequestFailed(Exception):
+    """The engine could not finish a sequence: a fault isolated to it (500) or the server shutting down
+    (503). Its client gets this error; every other request goes on."""
 
-    rid: int
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    finish_reason: str
-    ttft: float | None
-    latency: float
-    itls: list[float] = field(default_factory=list)
+    def __init__(self, message: str, status: int = 500):
+        super().__init__(message)
+        self.message, self.status = message, status
+
+
+class Sequence:
+    """One submitted generation (a prompt, one sample of it) and its books."""
+
+    def __init__(self, rid: int, prompt_tokens: int):
+        self.rid, self.prompt_tokens = rid, prompt_tokens
+        self.outputs: asyncio.Queue[TextOutput | RequestFailed] = asyncio.Queue()
+        self.start = self.last = time.monotonic()
+        self.ttft: float | None = None
+        self.itls: list[float] = []
+        self.completion_tokens = self.cached_tokens = 0
+        self.finish_reason: str | None = None
+
+    def record(self, out: TextOutput, now: float) -> None:
+        if out.new_ids:
+            if self.ttft is None:
+                self.ttft = now - self.start
+            else:
+                self.itls.append((now - self.last) / len(out.new_ids))
+            self.last = now
+        self.completion_tokens += len(out.new_ids)
+        self.cached_tokens = out.cached_tokens
+        self.finish_reason = out.finish_reason
 
 
 class EngineClient:
@@ -48,72 +71,112 @@ class EngineClient:
         self.ready = asyncio.Event()  # set once the scheduler and the detokenizer both report Ready
         self.components_ready: set[str] = set()
         self.info: dict = {}
-        self.streams: dict[int, asyncio.Queue[TextOutput]] = {}
+        self.sequences: dict[int, Sequence] = {}
         self.stats_waiters: dict[int, asyncio.Future] = {}
         self.ids = itertools.count()
-        self.queued = 0  # submitted, no token yet: what --max-queued-requests limits
-        self.in_flight = 0
+        self.queued = 0  # admitted sequences without a first token yet: what --max-queued-requests limits
 
-    async def run(self) -> None:
-        """Route every message from the scheduler and detokenizer (runs for the server's lifetime)."""
-        while True:
-            message = await self.inbox.recv_pyobj()
-            if isinstance(message, Ready):
-                self.info.update(message.info)
-                self.components_ready.add(message.component)
-                if self.components_ready == {"scheduler", "detokenizer"}:
-                    self.ready.set()
-            elif isinstance(message, StatsReply):
-                waiter = self.stats_waiters.pop(message.ask_id, None)
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(message.stats)
-            else:
-                for out in message:
-                    queue = self.streams.get(out.rid)
-                    if queue is not None:
-                        queue.put_nowait(out)
+    @property
+    def in_flight(self) -> int:
+        return len(self.sequences)
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, stop: list[str], seed: int,
-                       done: list[Finished]) -> AsyncIterator[TextOutput]:
-        """Yield the request's text outputs until it finishes; `done` receives its summary at the end.
-        Leaving early (the consumer is cancelled or stops iterating) aborts it in the scheduler."""
-        rid = next(self.ids)
-        queue: asyncio.Queue[TextOutput] = asyncio.Queue()
-        self.streams[rid] = queue
-        self.to_detok.send_pyobj(DetokRegister(rid, stop))
-        self.to_scheduler.send_pyobj(AddReq(Req(rid, prompt_ids, params, seed)))
-        start = last = time.monotonic()
-        ttft, itls, tokens, finish, cached = None, [], 0, None, 0
-        self.queued += 1
-        self.in_flight += 1
+    # ---- admission -------------------------------------------------------------------------------
+
+    def admit(self, sequences: int, limit: int | None) -> bool:
+        """Count `sequences` as queued if that keeps the queue within `limit` (None: no limit). No await
+        between the check and the count: atomic on the event loop."""
+        if limit is not None and self.queued + sequences > limit:
+            return False
+        self.queued += sequences
+        return True
+
+    def release(self, sequences: int) -> None:
+        """Admitted sequences that will never be submitted (their request was refused after admission)."""
+        self.queued -= sequences
+
+    # ---- sequences -------------------------------------------------------------------------------
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, stop: list[str], seed: int) -> Sequence:
+        """Send one admitted sequence to the engine (it stays counted as queued until its first token)."""
+        seq = Sequence(next(self.ids), len(prompt_ids))
+        self.sequences[seq.rid] = seq
+        self.to_detok.send_pyobj(DetokRegister(seq.rid, stop))
+        self.to_scheduler.send_pyobj(AddReq(Req(seq.rid, prompt_ids, params, seed)))
+        return seq
+
+    async def stream(self, seq: Sequence) -> AsyncIterator[TextOutput]:
+        """Yield the sequence's outputs until it finishes; raises RequestFailed if the engine failed it.
+        Leaving early (cancelled, or iteration stopped) aborts it in the scheduler."""
+        finished = False
         try:
-            while finish is None:
-                out = await queue.get()
-                now = time.monotonic()
-                if out.new_ids:
-                    if ttft is None:
-                        ttft = now - start
-                        self.queued -= 1
-                    else:
-                        itls.append((now - last) / len(out.new_ids))
-                    last = now
-                tokens += len(out.new_ids)
-                finish, cached = out.finish_reason, out.cached_tokens
+            while not finished:
+                out = await seq.outputs.get()
+                if isinstance(out, RequestFailed):
+                    finished = True
+                    raise out
+                finished = out.finish_reason is not None
+                if out.error is not None:
+                    raise RequestFailed(out.error)
                 yield out
         finally:
-            del self.streams[rid]
-            self.in_flight -= 1
-            if ttft is None:
-                self.queued -= 1
-            if finish is None:  # the consumer left: free the request's pages now
-                self.to_scheduler.send_pyobj(AbortReq(rid))
-                finish = "abort"
-            summary = Finished(rid, len(prompt_ids), tokens, cached, finish, ttft, time.monotonic() - start, itls)
-            done.append(summary)
-            self.metrics.observe_finished(summary.prompt_tokens, tokens, cached, ttft, summary.latency, itls, finish)
-            logger.info("request %d finished: prompt=%d completion=%d cached=%d ttft=%s latency=%.3fs reason=%s",
-                        rid, summary.prompt_tokens, tokens, cached, f"{ttft:.3f}s" if ttft is not None else "-",
-                        summary.latency, finish)
+            if not finished and seq.rid in self.sequences:  # the consumer left: free its pages now
+                self.to_scheduler.send_pyobj(AbortReq(seq.rid))
+
+    def fail_all(self, message: str, status: int) -> None:
+        """End every sequence now with an error to its client (shutdown past its timeout)."""
+        for seq in list(self.sequences.values()):
+            self.to_scheduler.send_pyobj(AbortReq(seq.rid))
+            seq.finish_reason = "abort"
+            self._close(seq)
+            seq.outputs.put_nowait(RequestFailed(message, status))
+
+    # ---- routing ---------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Route every message from the scheduler and detokenizer (runs for the server's lifetime; one
+        message that cannot be handled is logged and skipped, never the end of routing)."""
+        while True:
+            message = await self.inbox.recv_pyobj()
+            try:
+                self._route(message)
+            except Exception:
+                logger.exception("could not route a message from the engine: %r", message)
+
+    def _route(self, message) -> None:
+        if isinstance(message, Ready):
+            self.info.update(message.info)
+            self.components_ready.add(message.component)
+            if self.components_ready == {"scheduler", "detokenizer"}:
+                self.ready.set()
+        elif isinstance(message, StatsReply):
+            waiter = self.stats_waiters.pop(message.ask_id, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(message.stats)
+        else:
+            now = time.monotonic()
+            for out in message:
+                seq = self.sequences.get(out.rid)
+                if seq is None:  # already closed (failed at shutdown); late outputs are dropped
+                    continue
+                had_token = seq.ttft is not None
+                seq.record(out, now)
+                if seq.ttft is not None and not had_token:
+                    self.queued -= 1
+                if out.finish_reason is not None:
+                    self._close(seq)
+                seq.outputs.put_nowait(out)
+
+    def _close(self, seq: Sequence) -> None:
+        """The sequence is over: settle its books, metrics and log line."""
+        del self.sequences[seq.rid]
+        if seq.ttft is None:
+            self.queued -= 1
+        latency = time.monotonic() - seq.start
+        self.metrics.observe_finished(seq.prompt_tokens, seq.completion_tokens, seq.cached_tokens, seq.ttft, latency,
+                                      seq.itls, seq.finish_reason)
+        logger.info("request %d finished: prompt=%d completion=%d cached=%d ttft=%s latency=%.3fs reason=%s",
+                    seq.rid, seq.prompt_tokens, seq.completion_tokens, seq.cached_tokens,
+                    f"{seq.ttft:.3f}s" if seq.ttft is not None else "-", latency, seq.finish_reason)
 
     async def stats(self, timeout: float = 5.0) -> dict:
         """Fresh scheduler stats (pages, queues, counters), answered after its current step."""

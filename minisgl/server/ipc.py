@@ -90,6 +90,7 @@ class TextOutput:
     finish_reason: str | None
     prompt_tokens: int
     cached_tokens: int
+    error: str | None = None  # the request failed alone (finish_reason "abort"); its client gets this message
 
 
 @dataclass

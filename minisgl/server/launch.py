@@ -1,11 +1,13 @@
 """Start the whole stack: scheduler ranks and the detokenizer as child processes, the api in this one.
 
 A child that dies takes the server down (non-zero exit); SIGTERM drains: /health turns 503, new
-requests get 503, in-flight ones finish (up to --shutdown-timeout), then the process exits 0.
+requests get 503, in-flight ones finish (up to --shutdown-timeout, after which they get an error), then
+the process exits 0.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -18,36 +20,52 @@ from pathlib import Path
 import uvicorn
 
 from minisgl.distributed import free_port
-from minisgl.llm import has_tokenizer
+from minisgl.llm import load_tokenizer
 from minisgl.models import resolve_model_path
-from minisgl.server.api import ServerState, build_app
+from minisgl.server.api import build_app
 from minisgl.server.args import ServerArgs
 from minisgl.server.detokenizer_worker import run_detokenizer
 from minisgl.server.ipc import IpcPaths
 from minisgl.server.scheduler_loop import run_scheduler
+from minisgl.server.state import ServerState
 
 logger = logging.getLogger("minisgl")
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn, but the first SIGTERM/SIGINT drains in-flight requests before exiting."""
+    """uvicorn, but the first SIGTERM/SIGINT drains: requests in flight get up to `timeout` seconds to
+    finish, then those still running get an error (503, or an error event on a stream) and the server
+    stops. A second signal stops it at once."""
 
     def __init__(self, config: uvicorn.Config, state: ServerState, timeout: float):
         super().__init__(config)
         self.state, self.timeout = state, timeout
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.drain_task: asyncio.Task | None = None
+
+    async def serve(self, sockets=None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame) -> None:
-        if self.state.draining:  # a second signal: stop now
+        if self.state.draining or self.loop is None:  # a second signal, or not serving yet: stop now
             return super().handle_exit(sig, frame)
         self.state.draining = True
         logger.info("signal %d: draining %d in-flight request(s), up to %.0fs", sig, self.state.client.in_flight,
                     self.timeout)
-        threading.Thread(target=self._exit_when_drained, daemon=True).start()
+        self.loop.call_soon_threadsafe(self._start_drain)
 
-    def _exit_when_drained(self) -> None:
+    def _start_drain(self) -> None:
+        self.drain_task = self.loop.create_task(self._drain())
+
+    async def _drain(self) -> None:
         deadline = time.monotonic() + self.timeout
-        while self.state.client.in_flight and time.monotonic() < deadline:
-            time.sleep(0.05)
+        while self.state.busy and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.state.busy:
+            logger.warning("shutdown timeout: failing %d request(s) still in flight", self.state.client.in_flight)
+            self.state.codec.close()
+            self.state.client.fail_all("the server is shutting down", 503)
         self.should_exit = True
 
 
@@ -56,8 +74,9 @@ def start_children(args: ServerArgs, ipc: IpcPaths) -> list[multiprocessing.Proc
     port, tp = free_port(), args.engine.tp_size
     children = [spawn.Process(target=run_scheduler, name=f"scheduler-{rank}", daemon=True,
                               args=(rank, tp, port, args.engine, ipc, args.log_level)) for rank in range(tp)]
+    tokenizer_path = None if args.skip_tokenizer_init else args.engine.model
     children.append(spawn.Process(target=run_detokenizer, name="detokenizer", daemon=True,
-                                  args=(args.engine.model, ipc, args.log_level)))
+                                  args=(tokenizer_path, ipc, args.log_level)))
     for child in children:
         child.start()
     return children
@@ -86,15 +105,18 @@ def serve(args: ServerArgs) -> int:
         args.engine.model = str(make_tiny_model(tempfile.mkdtemp(prefix="minisgl-demo-"), arch="qwen3"))
         logger.info("demo: serving a tiny random qwen3 model from %s on the CPU", args.engine.model)
     args.engine.model = str(resolve_model_path(args.engine.model))
-    if not has_tokenizer(Path(args.engine.model)):
-        logger.error("no tokenizer in %s: the server needs one (tokenizer.json / tokenizer_config.json beside "
-                     "config.json); the offline LLM API runs without one, on token ids", args.engine.model)
-        return 2
+    tokenizer = None
+    if not args.skip_tokenizer_init:
+        tokenizer = load_tokenizer(Path(args.engine.model))
+        if tokenizer is None:
+            logger.error("no tokenizer in %s: the server needs one (tokenizer.json / tokenizer_config.json beside "
+                         "config.json), or --skip-tokenizer-init to serve token ids only", args.engine.model)
+            return 2
     ipc = IpcPaths.new()
     children = start_children(args, ipc)
     stopping = threading.Event()
     threading.Thread(target=watch_children, args=(children, stopping), daemon=True).start()
-    state = ServerState(args, ipc)
+    state = ServerState(args, ipc, tokenizer)
     state.children = {child.name: child.pid for child in children}
     config = uvicorn.Config(build_app(state), host=args.host, port=args.port, log_level="warning",
                             timeout_graceful_shutdown=5)
@@ -104,4 +126,6 @@ def serve(args: ServerArgs) -> int:
         child.kill()
         child.join(timeout=10)
     logger.info("server stopped")
-    return 0
+    logging.shutdown()
+    # Exit now, not when a tokenizer thread still busy with a huge prompt is done: the shutdown bound holds.
+    os._exit(0)

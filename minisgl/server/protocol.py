@@ -1,8 +1,11 @@
-"""OpenAI-compatible request and response models, and their conversion to SamplingParams.
+"""Wire-format pieces every front shares: strict field types, the sampling fields of chat and text
+completions, usage, the response envelope and the logprobs payloads.
 
-Parsing is pydantic's job (wrong types become ValidationError); the rules pydantic cannot express
-with the parameter's name attached (ranges, combinations, content parts) raise ProtocolError, which
-the server turns into an OpenAI-style 400 naming `param`.
+Requests are parsed as strictly as OpenAI parses them: no bool or string is coerced to a number, no
+string to a bool, no NaN or Infinity, and text must be valid Unicode (a lone surrogate such as "\\ud800"
+is refused, not passed on to fail in the tokenizer or the JSON encoder). Ranges are declared on the
+fields, so openapi.json states them; what a schema cannot express (the vocabulary, the context length,
+rules across fields) is checked in `boundary`.
 """
 
 from __future__ import annotations
@@ -10,178 +13,113 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field, model_serializer
-
-from minisgl.core import SamplingParams
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    WithJsonSchema,
+    computed_field,
+)
 
 MAX_N = 16
 MAX_STOP_STRINGS = 16
+MAX_LOGPROBS = 20
+# Marks on schema nodes that api.py fills in for this server: `maximum: vocab_size - 1` on a token id,
+# `enum: [served model name]` on `model`.
+TOKEN_ID_MARK, SERVED_MODEL_MARK = "x-token-id", "x-served-model"
 
 
-class ProtocolError(ValueError):
-    """A request the API rejects; `param` names the offending request field."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.param = param
-
-
-class _Request(BaseModel):
-    # Clients send fields we do not implement (tools, logit_bias, ...); ignoring them keeps them working.
-    model_config = ConfigDict(extra="ignore")
+def _valid_unicode(text: str) -> str:
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("text must be valid Unicode; it holds a lone surrogate") from None
+    return text
 
 
-# ---------------------------------------------------------------- requests
+def _integral(value: Any) -> Any:
+    # JSON Schema counts 3.0 as an integer, so clients and schema fuzzers may send it; 3.5, true, "3" stay refused.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-class ContentPart(_Request):
-    """One part of a message's content; only {"type": "text"} is served (checked in ChatMessage.text)."""
-
-    type: str
-    text: str | None = None
+Text = Annotated[str, AfterValidator(_valid_unicode)]
+NonEmptyText = Annotated[str, StringConstraints(min_length=1), AfterValidator(_valid_unicode)]
 
 
-class ChatMessage(_Request):
-    role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-    tool_call_id: str | None = None
-
-    def text(self) -> str:
-        """The message as plain text; raises ProtocolError for non-text parts (images, audio...)."""
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        if any(part.type != "text" or part.text is None for part in self.content):
-            raise ProtocolError("only text content parts are supported", "messages")
-        return "".join(part.text for part in self.content)
+def integer(ge: int | None = None, le: int | None = None, **schema_extra: Any) -> Any:
+    """An integer field's type: its bounds stated in the schema (they must come before the validator, or
+    pydantic cannot express them there), and 3.0 taken as 3."""
+    return Annotated[int, Field(ge=ge, le=le, json_schema_extra=schema_extra or None), BeforeValidator(_integral)]
 
 
-class TokenizeChat(_Request):
-    """POST /tokenize with a conversation: its token ids after the chat template."""
-
-    messages: list[ChatMessage] = Field(min_length=1)
+TokenId = integer(ge=0, **{TOKEN_ID_MARK: True})
 
 
-class StreamOptions(_Request):
+DIGITS = r"^[0-9]+$"
+LogitBias = Annotated[
+    dict[Annotated[str, StringConstraints(pattern=DIGITS)], Annotated[float, Field(ge=-100, le=100)]],
+    WithJsonSchema({"type": "object", "additionalProperties": False,
+                    "patternProperties": {DIGITS: {"type": "number", "minimum": -100, "maximum": 100}}})]
+
+
+class StrictRequest(BaseModel):
+    # Clients send fields we do not implement (tools, response_format, ...); ignoring them keeps them working.
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+
+class StreamOptions(StrictRequest):
     include_usage: bool = False
 
 
-class _GenerationRequest(_Request):
-    """Fields shared by chat and text completions."""
+class SamplingFields(StrictRequest):
+    """The fields chat and text completions share: OpenAI's, then vLLM's and SGLang's extensions."""
 
-    model: str
+    model: Text = Field(json_schema_extra={SERVED_MODEL_MARK: True})
+    n: integer(ge=1, le=MAX_N) = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    seed: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    min_tokens: int | None = None
+    stop: NonEmptyText | Annotated[list[NonEmptyText], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    seed: integer() | None = None
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: LogitBias | None = Field(
+        None, description="token id (as a string) -> bias; the ids are checked, a non-empty map is not supported yet")
+    user: Text | None = None
+    top_k: integer(ge=-1) | None = Field(None, description="-1 or 0: off")
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    min_tokens: integer(ge=0) | None = Field(None, description="at most max_tokens")
+    stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
-    user: str | None = None
 
+    def sampling(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """The SamplingParams fields this request sets (None: the default), and for a field the request
+        spells differently, that spelling (errors name what the client sent)."""
+        raise NotImplementedError
 
-class ChatCompletionRequest(_GenerationRequest):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
+    def shared_sampling(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in (
+            "temperature", "top_p", "min_p", "min_tokens", "ignore_eos", "stop_token_ids", "seed",
+            "presence_penalty", "frequency_penalty", "repetition_penalty")} | {
+            "top_k": -1 if self.top_k == 0 else self.top_k}  # 0 is vLLM's spelling of "off"
 
-
-class CompletionRequest(_GenerationRequest):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16  # OpenAI's default for /v1/completions
-    logprobs: int | None = None
-    echo: bool = False
-
-    def prompts(self) -> list[str] | list[list[int]]:
-        """The prompt as a batch: one string per prompt, or one token-id list per prompt."""
-        p = self.prompt
-        batch = [p] if isinstance(p, str) or (p and isinstance(p[0], int)) else p
-        if not batch or any(len(one) == 0 for one in batch):
-            raise ProtocolError("prompt must not be empty", "prompt")
-        return batch
-
-
-def stop_strings(req: _GenerationRequest) -> list[str]:
-    """`stop` as a list; the server matches these on decoded text."""
-    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    if len(stops) > MAX_STOP_STRINGS:
-        raise ProtocolError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}", "stop")
-    if any(s == "" for s in stops):
-        raise ProtocolError("stop strings must not be empty", "stop")
-    return stops
-
-
-def to_sampling_params(req: ChatCompletionRequest | CompletionRequest, max_new_tokens_limit: int) -> SamplingParams:
-    """Validate `req` and build its SamplingParams; `max_new_tokens_limit` is the room left in the context."""
-    chat = isinstance(req, ChatCompletionRequest)
-    if not 1 <= req.n <= MAX_N:
-        raise ProtocolError(f"n must be in [1, {MAX_N}], got {req.n}", "n")
-    stop_strings(req)
-
-    if chat and req.max_completion_tokens is not None:
-        max_field, requested = "max_completion_tokens", req.max_completion_tokens
-    else:
-        max_field, requested = "max_tokens", req.max_tokens
-    if requested is not None and requested < 1:
-        raise ProtocolError(f"{max_field} must be an integer >= 1, got {requested}", max_field)
-    if max_new_tokens_limit < 1:
-        raise ProtocolError("the prompt fills the whole context window", "messages" if chat else "prompt")
-    max_tokens = max_new_tokens_limit if requested is None else min(requested, max_new_tokens_limit)
-
-    if chat:
-        if req.top_logprobs is not None and not req.logprobs:
-            raise ProtocolError("top_logprobs requires logprobs=true", "top_logprobs")
-        logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    else:
-        logprobs = req.logprobs
-
-    def pick(value: Any, default: Any) -> Any:
-        return default if value is None else value
-
-    try:
-        return SamplingParams(
-            temperature=pick(req.temperature, 1.0),
-            top_p=pick(req.top_p, 1.0),
-            top_k=pick(req.top_k, -1),
-            min_p=pick(req.min_p, 0.0),
-            max_tokens=max_tokens,
-            # Clamped like max_tokens, so a request valid on its own is not refused for a long prompt.
-            min_tokens=min(pick(req.min_tokens, 0), max_new_tokens_limit),
-            ignore_eos=req.ignore_eos,
-            stop_token_ids=pick(req.stop_token_ids, []),
-            seed=req.seed,
-            presence_penalty=pick(req.presence_penalty, 0.0),
-            frequency_penalty=pick(req.frequency_penalty, 0.0),
-            repetition_penalty=pick(req.repetition_penalty, 1.0),
-            logprobs=logprobs,
-        )
-    except ValueError as e:
-        # The message starts with the SamplingParams field, which matches the request field except
-        # for chat's top_logprobs (max_tokens was checked above under the name the user set).
-        field = str(e).split(" ", 1)[0]
-        param = "top_logprobs" if chat and field == "logprobs" else field
-        raise ProtocolError(str(e).replace(field, param, 1), param) from e
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
 
 
 # ---------------------------------------------------------------- responses
 
 
-def _now() -> int:
+def unix_now() -> int:
     return int(time.time())
 
 
@@ -200,110 +138,17 @@ class Usage(BaseModel):
         return self.prompt_tokens + self.completion_tokens
 
 
-class _Envelope(BaseModel):
+class Envelope(BaseModel):
     """The head every response object shares, in OpenAI's field order; subclasses set id and object."""
 
     id: str
     object: str
-    created: int = Field(default_factory=_now)
+    created: int = Field(default_factory=unix_now)
     model: str
 
 
-def _new_id(prefix: str) -> Any:
+def new_id(prefix: str) -> Any:
     return Field(default_factory=lambda: f"{prefix}-{uuid.uuid4().hex}")
-
-
-class ChatResponseMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str | None = None
-
-
-class ChatChoice(BaseModel):
-    index: int
-    message: ChatResponseMessage
-    logprobs: dict | None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionResponse(_Envelope):
-    id: str = _new_id("chatcmpl")
-    object: Literal["chat.completion"] = "chat.completion"
-    choices: list[ChatChoice]
-    usage: Usage
-
-
-class DeltaMessage(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _only_set(self, handler: Any) -> dict:
-        # A delta carries only what changed: the first chunk the role, later ones the new text.
-        return {k: v for k, v in handler(self).items() if v is not None}
-
-
-class ChatChunkChoice(BaseModel):
-    index: int
-    delta: DeltaMessage
-    logprobs: dict | None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionChunk(_Envelope):
-    id: str = _new_id("chatcmpl")
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-
-
-class CompletionChoice(BaseModel):
-    index: int
-    text: str
-    logprobs: dict | None = None
-    finish_reason: str | None = None
-
-
-class CompletionResponse(_Envelope):
-    id: str = _new_id("cmpl")
-    object: Literal["text_completion"] = "text_completion"
-    choices: list[CompletionChoice]
-    usage: Usage
-
-
-class CompletionChunk(_Envelope):
-    id: str = _new_id("cmpl")
-    object: Literal["text_completion"] = "text_completion"
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int = Field(default_factory=_now)
-    owned_by: str = "minisgl"
-    max_model_len: int | None = None
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: int | str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorDetail
-
-
-def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
-               code: int | str | None = None) -> dict:
-    return ErrorResponse(error=ErrorDetail(message=message, type=type, param=param, code=code)).model_dump()
 
 
 # ---------------------------------------------------------------- logprobs payloads
@@ -316,24 +161,44 @@ def _lp(value: float) -> float:
     return value if math.isfinite(value) else -9999.0
 
 
-def chat_logprobs(entries: list[LogprobEntry]) -> dict:
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob]
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+def chat_logprobs(entries: list[LogprobEntry]) -> ChatLogprobs:
     """The chat `logprobs` object: per token its logprob, UTF-8 bytes and top alternatives."""
 
     def item(token: str, lp: float) -> dict:
         return {"token": token, "logprob": _lp(lp), "bytes": list(token.encode("utf-8"))}
 
-    return {"content": [item(tok, lp) | {"top_logprobs": [item(t, alt) for t, alt in top]} for tok, lp, top in entries]}
+    return ChatLogprobs(content=[
+        TokenLogprob(**item(tok, lp), top_logprobs=[TopLogprob(**item(t, alt)) for t, alt in top])
+        for tok, lp, top in entries])
 
 
-def completion_logprobs(entries: list[LogprobEntry], text_offset_start: int = 0) -> dict:
+def completion_logprobs(entries: list[LogprobEntry], text_offset_start: int = 0) -> CompletionLogprobs:
     """The legacy completions `logprobs` object; `text_offset` counts characters into the returned text."""
     offsets, pos = [], text_offset_start
     for token, _, _ in entries:
         offsets.append(pos)
         pos += len(token)
-    return {
-        "tokens": [tok for tok, _, _ in entries],
-        "token_logprobs": [_lp(lp) for _, lp, _ in entries],
-        "top_logprobs": [{t: _lp(alt) for t, alt in top} for _, _, top in entries],
-        "text_offset": offsets,
-    }
+    return CompletionLogprobs(tokens=[tok for tok, _, _ in entries], token_logprobs=[_lp(lp) for _, lp, _ in entries],
+                              top_logprobs=[{t: _lp(alt) for t, alt in top} for _, _, top in entries],
+                              text_offset=offsets)

@@ -1,0 +1,110 @@
+"""The one validation boundary: every front turns its request into a `GenerateRequest` here, and nothing
+reaches a scheduler that was not checked here.
+
+The schemas (protocol.py and each route's models) settle types and ranges. This module checks what
+needs the model or the whole request: prompts tokenized (off the event loop) and fitting the context,
+every token id against the vocabulary, the sampling parameters together (`SamplingParams` and
+`core.check_request`, the very checks the offline `LLM` API runs). A refusal is an `ApiError` 400 naming
+the request field as the client spelled it.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+from minisgl.core import ContextLengthError, SamplingParams, check_prompt, check_prompt_length, check_request
+from minisgl.server.errors import ApiError
+from minisgl.server.protocol import SamplingFields
+from minisgl.server.text import TextCodec
+
+
+@dataclass
+class ModelLimits:
+    """What the served model accepts (reported by the scheduler once it is ready)."""
+
+    vocab_size: int
+    max_seq_len: int
+    kv_capacity: int
+
+
+@dataclass
+class Conversation:
+    """A chat prompt: the messages as the chat template takes them ({"role", "content"})."""
+
+    messages: list[dict[str, str]]
+
+
+PromptInput = Conversation | list[str] | list[list[int]]
+
+
+@dataclass
+class GenerateRequest:
+    """What every front's request becomes: checked token-id prompts and one SamplingParams for all of
+    them (`max_tokens` already fitted to the room the longest prompt leaves)."""
+
+    prompts: list[list[int]]
+    params: SamplingParams
+    stop: list[str]  # matched on the decoded text by the detokenizer
+    n: int
+    seed: int | None
+
+
+async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, prompt: PromptInput) -> GenerateRequest:
+    prompt_param = "messages" if isinstance(prompt, Conversation) else "prompt"
+    values, renamed = body.sampling()
+    encoded = await encode(codec, limits, prompt)
+    with refusals_named(prompt_param, renamed):
+        for count, ids in encoded:  # the prompts first: they decide the room left for max_tokens
+            check_prompt_length(count, limits.max_seq_len, limits.kv_capacity)  # a text too long has no ids
+            check_prompt(ids, limits.vocab_size, limits.max_seq_len, limits.kv_capacity)
+        prompts = [ids for _, ids in encoded]
+        room = limits.max_seq_len - max(len(ids) for ids in prompts)
+        requested = values.pop("max_tokens")
+        values["max_tokens"] = room if requested is None else min(requested, room)
+        # Clamped like max_tokens, so a request valid on its own is not refused for a long prompt.
+        values["min_tokens"] = min(values["min_tokens"] or 0, room)
+        params = SamplingParams(**{k: v for k, v in values.items() if v is not None})
+        for ids in prompts:
+            check_request(ids, params, limits.vocab_size, limits.max_seq_len, limits.kv_capacity)
+    check_logit_bias(body.logit_bias, limits.vocab_size)
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if stop:
+        codec.require("stop", "stop strings are matched on text; use stop_token_ids")
+    return GenerateRequest(prompts, params, stop, body.n, body.seed)
+
+
+@contextmanager
+def refusals_named(prompt_param: str, renamed: dict[str, str]) -> Iterator[None]:
+    """The core checks' ValueErrors (their message starts with the field) as 400s naming the request's field."""
+    try:
+        yield
+    except ContextLengthError as exc:
+        raise ApiError(400, str(exc), param=prompt_param, code="context_length_exceeded") from None
+    except ValueError as exc:
+        field, _, rest = str(exc).partition(" ")
+        param = prompt_param if field == "prompt" else renamed.get(field, field)
+        raise ApiError(400, f"{param} {rest}", param=param) from None
+
+
+async def encode(codec: TextCodec, limits: ModelLimits, prompt: PromptInput) -> list[tuple[int, list[int]]]:
+    """(token count, ids) of every prompt; text is tokenized off the loop, and the ids of a text too long
+    for the context are never built (left empty)."""
+    if isinstance(prompt, Conversation):
+        codec.require("messages", "chat needs a tokenizer and a chat template; send token ids to /v1/completions")
+        return [await codec.encode_chat(prompt.messages, limits.max_seq_len)]
+    if prompt and isinstance(prompt[0], str):
+        codec.require("prompt", "send the prompt as token ids")
+        return [await codec.encode(text, limits.max_seq_len) for text in prompt]
+    return [(len(ids), ids) for ids in prompt]
+
+
+def check_logit_bias(bias: dict[str, float] | None, vocab_size: int) -> None:
+    if not bias:
+        return
+    bad = next((key for key in bias if int(key) >= vocab_size), None)  # the schema made them decimal digits
+    if bad is not None:
+        raise ApiError(400, f"logit_bias keys must be token ids in [0, {vocab_size}), got {bad!r}",
+                       param="logit_bias")
+    raise ApiError(400, "logit_bias is not supported yet", param="logit_bias", code="unsupported_parameter")

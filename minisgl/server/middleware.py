@@ -1,0 +1,64 @@
+"""The checks every request passes before any route sees it: the API key and the body size limit.
+
+Plain ASGI on purpose: Starlette's BaseHTTPMiddleware wraps `receive` and hides client disconnects
+from the endpoints, and it reads bodies in full before anyone could refuse them.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from minisgl.server.errors import ApiError, error_response
+
+OPEN_PATHS = frozenset({"/health", "/metrics"})  # what probes and scrapers call; they carry no key
+
+
+class ApiKeyCheck:
+    """401 unless `Authorization: Bearer KEY`, on every path but OPEN_PATHS (the key is compared in
+    constant time, so response timing does not reveal how much of a guess was right)."""
+
+    def __init__(self, app: ASGIApp, key: str):
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS and not self.authorized(scope):
+            error = ApiError(401, "invalid or missing API key", code="invalid_api_key")
+            return await error_response(error, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+        await self.app(scope, receive, send)
+
+    def authorized(self, scope: Scope) -> bool:
+        header = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = header.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+
+
+class BodySizeLimit:
+    """413 for a body over `limit` bytes: at once from Content-Length, before any of the body is read;
+    for a chunked body, as soon as what arrived passes the limit (the rest is never read)."""
+
+    def __init__(self, app: ASGIApp, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await error_response(self.too_large())(scope, receive, send)
+        received = 0
+
+        async def counted_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:  # raised inside the route's body read: answered by the error handlers
+                raise self.too_large()
+            return message
+
+        await self.app(scope, counted_receive, send)
+
+    def too_large(self) -> ApiError:
+        return ApiError(413, f"the request body is larger than {self.limit} bytes (--max-request-bytes)",
+                        code="request_too_large")

@@ -1,0 +1,62 @@
+"""What every route shares: settings, the engine client, the tokenizer, metrics, and admission."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from minisgl.models.config import ModelConfig
+from minisgl.server.args import ServerArgs
+from minisgl.server.boundary import ModelLimits
+from minisgl.server.engine_client import EngineClient
+from minisgl.server.errors import ApiError
+from minisgl.server.ipc import IpcPaths
+from minisgl.server.metrics import Metrics
+from minisgl.server.text import TextCodec
+
+
+class ServerState:
+    def __init__(self, args: ServerArgs, ipc: IpcPaths, tokenizer):
+        self.args = args
+        self.metrics = Metrics(args.served_model_name)
+        self.client = EngineClient(ipc, self.metrics)
+        self.codec = TextCodec(tokenizer)
+        self.vocab_size = ModelConfig.from_dir(args.engine.model).vocab_size  # known before the engine is up
+        self.preparing = 0  # admitted requests still being checked and tokenized (not yet submitted)
+        self.draining = False
+        self.children: dict[str, int] = {}  # child process name -> pid, for operators (and tests)
+
+    @property
+    def busy(self) -> bool:
+        """Requests are still in the server: being prepared, or generating."""
+        return bool(self.preparing or self.client.in_flight)
+
+    @property
+    def limits(self) -> ModelLimits:
+        info = self.client.info
+        return ModelLimits(info["vocab_size"], info["max_seq_len"], info["kv_capacity_tokens"])
+
+    def check_serving(self) -> None:
+        """503 unless new work can start now (ready, not draining)."""
+        if self.draining:
+            raise ApiError(503, "the server is shutting down", retry_after=5)
+        if not self.client.ready.is_set():
+            raise ApiError(503, "the model is still loading", retry_after=5)
+
+    def admit(self, model: str, sequences: int) -> None:
+        """Admit a generation request of `sequences` sequences (prompts x n) or refuse it now. Once
+        admitted, the caller submits them all or releases the rest (client.release)."""
+        self.check_serving()
+        if model != self.args.served_model_name:
+            raise ApiError(404, f"the model {model[:200]!r} does not exist; this server serves "
+                                f"'{self.args.served_model_name}'", param="model", code="model_not_found")
+        limit = self.args.max_queued_requests
+        if sequences > limit:
+            raise ApiError(400, f"this request asks for {sequences} sequences (prompts x n) but at most {limit} "
+                                f"can wait at once (--max-queued-requests)", param="n", code="too_many_sequences")
+        if not self.client.admit(sequences, limit):
+            raise ApiError(503, f"too many queued requests ({self.client.queued}); try again later", retry_after=1)
+
+
+def server_state(request: Request) -> ServerState:
+    """FastAPI dependency: the ServerState this app was built with."""
+    return request.app.state.server

@@ -1,0 +1,88 @@
+"""The api process's tokenizer, used only off the event loop.
+
+Tokenizing a 20 MB prompt takes tens of seconds of CPU; on the loop it would stall every request and
+/health with it. Here encoding, chat templating and decoding run in a small thread pool, through the
+Rust tokenizer's batch calls: those release the GIL (`encode`/`decode` keep it, which stalls the loop
+as surely as running on it). A prompt's ids become a Python list only when they can fit the context:
+a prompt too long is answered with its token count, never millions of ids built under the GIL.
+
+Only the backend tokenizer is called from the threads: transformers' `__call__` reconfigures truncation
+and padding on every call, which fails ("Already borrowed") when threads share a tokenizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from minisgl.server.errors import ApiError
+
+TEXT_THREADS = 4
+
+NO_TOKENIZER = "this server runs with --skip-tokenizer-init and has no tokenizer"
+
+
+class TextCodec:
+    """Text <-> token ids for the api; `tokenizer` None (--skip-tokenizer-init) answers every call with 400."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        if tokenizer is not None:
+            self.backend = tokenizer.backend_tokenizer
+            self.backend.no_truncation()  # tokenizer.json may ask for truncation; a prompt is never cut silently
+            self.backend.no_padding()
+        self.pool = ThreadPoolExecutor(TEXT_THREADS, thread_name_prefix="tokenizer")
+        self.closed = False
+        self.waiting: set[asyncio.Future] = set()  # callers waiting for a thread's result
+
+    def require(self, param: str | None, what: str) -> None:
+        if self.tokenizer is None:
+            raise ApiError(400, f"{NO_TOKENIZER}: {what}", param=param)
+
+    async def encode(self, text: str, limit: int) -> tuple[int, list[int]]:
+        """(token count, ids); the ids are left out (empty) when the count passes `limit`."""
+        return await self._run(self._encode, text, limit)
+
+    async def encode_chat(self, conversation: list[dict], limit: int) -> tuple[int, list[int]]:
+        """The conversation through the model's chat template (with the assistant's turn opened), encoded."""
+        return await self._run(self._encode_chat, conversation, limit)
+
+    async def decode(self, ids: list[int]) -> str:
+        return (await self._run(self.backend.decode_batch, [ids], skip_special_tokens=False))[0]
+
+    def close(self) -> None:
+        """Shutdown: whoever still waits for the tokenizer gets a 503 now (the thread's work is abandoned)."""
+        self.closed = True
+        for waiter in self.waiting:
+            if not waiter.done():
+                waiter.set_exception(ApiError(503, "the server is shutting down", retry_after=5))
+
+    async def _run(self, fn, *args, **kwargs):
+        if self.closed:
+            raise ApiError(503, "the server is shutting down", retry_after=5)
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+
+        def settle(work: Future) -> None:  # on the loop, once the thread is done
+            if not waiter.done():
+                error = work.exception()
+                waiter.set_exception(error) if error is not None else waiter.set_result(work.result())
+
+        self.pool.submit(fn, *args, **kwargs).add_done_callback(lambda work: loop.call_soon_threadsafe(settle, work))
+        self.waiting.add(waiter)
+        try:
+            return await waiter
+        finally:
+            self.waiting.discard(waiter)
+
+    def _encode(self, text: str, limit: int) -> tuple[int, list[int]]:
+        [encoding] = self.backend.encode_batch([text], add_special_tokens=False)
+        count = len(encoding)
+        return count, (encoding.ids if count <= limit else [])
+
+    def _encode_chat(self, conversation: list[dict], limit: int) -> tuple[int, list[int]]:
+        try:
+            text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+        except Exception as exc:  # the template is a program run on the client's messages; it refused them
+            raise ApiError(400, f"the model's chat template refused these messages: {exc}", param="messages") from None
+        return self._encode(text, limit)

@@ -1,0 +1,300 @@
+"""No single request can kill, stall or 500 the server (issue 11): a real server over real sockets, tried as
+a hostile client would: the requests that used to crash it, every parameter at its extremes, a body too
+large, a prompt that takes seconds to tokenize, a missing key, a burst past the queue limit, SIGTERM with
+requests that outlive --shutdown-timeout, and schemathesis against the server's own openapi.json."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import random
+import select
+import signal
+import socket
+import string
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from server_utils import Server, pages_all_free
+
+KEY = "sekret"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+CHAT = [{"role": "user", "content": "hi"}]
+VOCAB = 512  # the tiny model's
+
+
+@pytest.fixture(scope="module")
+def model(tiny_models) -> str:
+    return tiny_models["qwen3"]
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    """Guarded by an API key, with a short context so that every generation the tests start is short."""
+    srv = Server(model, "--max-seq-len", "64", api_key=KEY)
+    yield srv
+    assert srv.stop() == 0
+
+
+def post(server: Server, path: str, body, **kwargs) -> httpx.Response:
+    content = json.dumps(body, allow_nan=True) if not isinstance(body, bytes) else body
+    return httpx.post(f"{server.url}{path}", content=content, timeout=60,
+                      headers=AUTH | {"content-type": "application/json"}, **kwargs)
+
+
+def wait_pages_free(server: Server) -> None:
+    deadline = time.monotonic() + 30
+    while not pages_all_free(server.info()):
+        assert time.monotonic() < deadline, server.info()["scheduler"]
+        time.sleep(0.05)
+
+
+# ---------------------------------------------------------------- the requests that broke the server
+
+FROM_THE_ISSUE = [  # (path, body, param): each used to kill a process or answer 500; now a 400 naming the field
+    ("/v1/completions", {"model": "tiny", "prompt": "hi", "stop_token_ids": [VOCAB + 1000], "min_tokens": 2},
+     "stop_token_ids"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": CHAT, "stop_token_ids": [2**70], "min_tokens": 1},
+     "stop_token_ids"),
+    ("/v1/completions", {"model": "tiny", "prompt": "\ud800"}, "prompt"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "\ud800"}]}, "messages"),
+    ("/v1/chat/completions", {"model": "\ud800", "messages": CHAT}, "model"),
+    ("/tokenize", {"prompt": "a\udfff"}, "prompt"),
+    ("/detokenize", {"tokens": [2**70]}, "tokens"),
+    ("/detokenize", {"tokens": [VOCAB]}, "tokens"),
+    ("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": True}, "max_tokens"),
+    ("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": "3"}, "max_tokens"),
+    ("/v1/completions", {"model": "tiny", "prompt": "hi", "n": "1"}, "n"),
+    ("/v1/completions", {"model": "tiny", "prompt": "hi", "temperature": "0.5"}, "temperature"),
+    ("/v1/completions", {"model": "tiny", "prompt": "hi", "stream": "no"}, "stream"),
+    ("/v1/completions", {"model": "tiny", "prompt": [[1, 2], [2**70]]}, "prompt"),
+    ("/v1/completions", {"model": "tiny", "prompt": "hi", "logit_bias": {str(2**70): 1}}, "logit_bias"),
+    ("/v1/completions", {"model": "tiny", "prompt": "hi", "temperature": float("nan")}, "temperature"),
+]
+
+
+@pytest.mark.parametrize("path, body, param", FROM_THE_ISSUE)
+def test_requests_that_crashed_the_server_get_a_400_naming_the_field(server, path, body, param):
+    resp = post(server, path, body)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == param and resp.json()["error"]["type"] == "invalid_request_error"
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def extreme_requests() -> list[tuple[str, dict]]:
+    """One request per (field, extreme value), the rest of it ordinary."""
+    huge_ids = list(range(VOCAB)) * 20
+    extremes = {
+        "ints": [2**70, -2**70, 2**63 - 1, -1, 0, 1],
+        "floats": [1e308, -1e308, 5e-324, 0.0, 2.0, -2.0],
+        "ids": [[], [2**70], [-1], [VOCAB], [VOCAB - 1], huge_ids],
+    }
+    fields = {"n": "ints", "seed": "ints", "top_k": "ints", "min_tokens": "ints", "max_tokens": "ints",
+              "logprobs": "ints", "temperature": "floats", "top_p": "floats", "min_p": "floats",
+              "presence_penalty": "floats", "frequency_penalty": "floats", "repetition_penalty": "floats",
+              "stop_token_ids": "ids", "prompt": "ids"}
+    base = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 2, "ignore_eos": True}
+    requests = [("/v1/completions", base | {field: value})
+                for field, kind in fields.items() for value in extremes[kind]]
+    requests += [("/v1/completions", base | {"prompt": [huge_ids[:40]] * 16, "n": 16}),
+                 ("/v1/completions", base | {"stop": ["x" * 10000] * 16}),
+                 ("/v1/chat/completions", {"model": "tiny", "messages": CHAT * 500, "max_tokens": 2}),
+                 ("/v1/chat/completions", {"model": "tiny", "messages": CHAT, "top_logprobs": 20, "logprobs": True,
+                                           "max_completion_tokens": 2**70, "min_tokens": 2**70}),
+                 ("/v1/chat/completions", {"model": "tiny", "messages": CHAT, "temperature": 5e-324, "top_p": 5e-324,
+                                           "repetition_penalty": 5e-324, "min_p": 1.0, "max_tokens": 2})]
+    return requests
+
+
+def test_every_parameter_at_its_extremes_gets_200_or_400_and_pages_return(server):
+    for path, body in extreme_requests():
+        resp = post(server, path, body)
+        assert resp.status_code in (200, 400), (body, resp.text)
+        if resp.status_code == 400:
+            assert resp.json()["error"]["param"] in body, (body, resp.text)
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    wait_pages_free(server)
+
+
+# ---------------------------------------------------------------- the event loop never blocks
+
+
+def test_health_answers_while_a_huge_prompt_is_tokenized(server):
+    rng = random.Random(0)  # distinct words: a repeated text would be served from the tokenizer's word cache
+    prompt = " ".join("".join(rng.choices(string.ascii_lowercase, k=6)) for _ in range(430_000))  # 3 MB
+    big = concurrent.futures.ThreadPoolExecutor(1).submit(
+        post, server, "/v1/completions", {"model": "tiny", "prompt": prompt})
+    deadline = time.monotonic() + 60
+    while server.info()["preparing"] == 0:  # each answer here already proves the loop is free
+        assert not big.done() and time.monotonic() < deadline, big.result().text if big.done() else "no start"
+        time.sleep(0.01)
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    assert server.info()["preparing"] == 1 and not big.done()  # /health was answered during the tokenization
+    error = big.result().json()["error"]
+    assert error["code"] == "context_length_exceeded" and error["param"] == "prompt"
+
+
+# ---------------------------------------------------------------- the body size limit
+
+
+def raw_exchange(port: int, head: str, chunks: list[bytes]) -> tuple[int, dict]:
+    """Send a request head, then body chunks only while no answer has come; return (status, JSON body)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head.encode())
+        for chunk in chunks:
+            if select.select([sock], [], [], 0)[0]:
+                break
+            try:
+                sock.sendall(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536)
+        head_bytes, body = data.split(b"\r\n\r\n", 1)
+        lines = head_bytes.decode().split("\r\n")
+        length = int(next(line.split(":")[1] for line in lines if line.lower().startswith("content-length")))
+        while len(body) < length:
+            body += sock.recv(65536)
+        return int(lines[0].split()[1]), json.loads(body)
+
+
+def test_a_body_over_the_limit_gets_413_before_it_is_read(server):
+    limit = 4 * 1024 * 1024
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {limit + 1}\r\n\r\n")
+    status, body = raw_exchange(server.port, head, [])  # not one byte of the body was sent
+    assert status == 413 and body["error"]["code"] == "request_too_large" and str(limit) in body["error"]["message"]
+    chunked = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+               "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+    mib = b" " * (1024 * 1024)
+    status, body = raw_exchange(server.port, chunked, [b"100000\r\n" + mib + b"\r\n"] * 8)
+    assert status == 413 and body["error"]["code"] == "request_too_large"
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+# ---------------------------------------------------------------- the API key and the HTTP contract
+
+
+def test_the_api_key_guards_every_route_but_the_probes(server):
+    schema = httpx.get(f"{server.url}/openapi.json", headers=AUTH).json()
+    routes = [(method, path) for path, ops in schema["paths"].items() for method in ops]
+    routes += [("get", "/openapi.json"), ("get", "/docs"), ("get", "/no/such/path")]
+    assert ("post", "/tokenize") in routes and ("get", "/get_server_info") in routes
+    for method, path in routes:
+        open_path = path in ("/health", "/metrics")
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+            resp = httpx.request(method, f"{server.url}{path}", headers=headers, json={})
+            assert (resp.status_code != 401) if open_path else (resp.status_code == 401), (method, path, headers)
+            if not open_path:
+                assert resp.json()["error"]["code"] == "invalid_api_key" and resp.headers["www-authenticate"]
+    assert httpx.post(f"{server.url}/tokenize", headers=AUTH, json={"prompt": "hi"}).status_code == 200
+    assert httpx.post(f"{server.url}/tokenize", headers={"Authorization": f"bearer {KEY}"},
+                      json={"prompt": "hi"}).status_code == 200  # the scheme is case-insensitive (RFC 7235)
+
+
+def test_405_says_which_methods_are_allowed(server):
+    resp = httpx.put(f"{server.url}/v1/completions", headers=AUTH)
+    assert resp.status_code == 405 and resp.headers["allow"] == "POST"
+    assert resp.json()["error"]["message"]
+
+
+def test_openapi_declares_what_the_server_answers(server):
+    schema = httpx.get(f"{server.url}/openapi.json", headers=AUTH).json()
+    error_ref = {"$ref": "#/components/schemas/ErrorResponse"}
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        responses = schema["paths"][path]["post"]["responses"]
+        assert {"200", "400", "401", "404", "413", "500", "503"} <= set(responses) and "422" not in responses
+        for status in ("400", "401", "404", "413", "503"):
+            assert responses[status]["content"]["application/json"]["schema"] == error_ref
+        assert set(responses["200"]["content"]) == {"application/json", "text/event-stream"}
+        assert schema["paths"][path]["post"]["security"] == [{"bearer": []}]
+    assert "security" not in schema["paths"]["/health"]["get"]
+    assert schema["paths"]["/tokenize"]["post"]["responses"]["200"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/TokenizeResponse"}
+    completion = schema["components"]["schemas"]["CompletionRequest"]["properties"]
+    assert completion["model"]["enum"] == ["tiny"]
+    assert completion["stop_token_ids"]["anyOf"][0]["items"] == {"type": "integer", "minimum": 0, "maximum": VOCAB - 1}
+    assert "ChatCompletionChunk" in schema["components"]["schemas"]
+
+
+def test_schemathesis_finds_no_5xx_and_no_contract_violation(server):
+    """Every schemathesis check (positive_data_acceptance made exact by tests/schemathesis_hooks.py), for a
+    bounded time, against the server's own openapi.json."""
+    cmd = [sys.executable, "-m", "schemathesis.cli", "run", f"{server.url}/openapi.json", "-H",
+           f"Authorization: Bearer {KEY}", "--checks", "all", "--exclude-checks", "positive_data_acceptance",
+           "--max-time", "100", "--max-response-time", "60", "--request-timeout", "60", "-w", "1",
+           "--seed", "11", "--output-truncate", "true"]
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "schemathesis_hooks",
+           "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run(cmd, env=env, cwd=os.environ.get("TMPDIR", "/tmp"), capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    assert "No issues found" in run.stdout
+    wait_pages_free(server)
+
+
+# ---------------------------------------------------------------- limits that hold
+
+
+def test_a_burst_past_the_queue_limit_is_admitted_only_up_to_it(model):
+    srv = Server(model, "--max-queued-requests", "2", "--max-running-requests", "1")
+    try:
+        long = {"model": "tiny", "prompt": "keep going", "max_tokens": 100000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{srv.url}/v1/completions", json=long, timeout=60) as running:
+            lines = running.iter_lines()  # kept: a discarded iterator closes the stream
+            next(lines)  # it has its first token: it holds the only running slot, and no queue place
+            short = {"model": "tiny", "prompt": "wait", "max_tokens": 2, "ignore_eos": True}
+            barrier = threading.Barrier(40)
+
+            def send() -> httpx.Response:
+                barrier.wait()
+                return httpx.post(f"{srv.url}/v1/completions", json=short, timeout=60)
+
+            with concurrent.futures.ThreadPoolExecutor(40) as pool:
+                burst = [pool.submit(send) for _ in range(40)]
+                deadline = time.monotonic() + 60
+                while sum(f.done() for f in burst) < 38:  # the refusals come at once; the admitted wait
+                    assert time.monotonic() < deadline, [f.result().status_code for f in burst if f.done()]
+                    time.sleep(0.05)
+                refused = [f.result() for f in burst if f.done()]
+                assert [r.status_code for r in refused] == [503] * 38 and all(r.headers["retry-after"] for r in refused)
+                assert srv.info()["scheduler"]["num_waiting"] == 2
+                running.close()  # the long request is aborted; the two admitted ones run
+                assert sorted(f.result().status_code for f in burst) == [200] * 2 + [503] * 38
+    finally:
+        assert srv.stop() == 0
+
+
+def test_shutdown_timeout_is_a_hard_bound(model):
+    srv = Server(model, "--shutdown-timeout", "1")
+    stream_body = {"model": "tiny", "prompt": "on and on", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    crowd = {"model": "tiny", "prompt": [[5, 6, 7]] * 16, "n": 16, "max_tokens": 2000, "ignore_eos": True}
+    result: dict = {}
+
+    def stream() -> None:
+        with httpx.stream("POST", f"{srv.url}/v1/completions", json=stream_body, timeout=120) as resp:
+            result["events"] = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    whole = concurrent.futures.ThreadPoolExecutor(1).submit(
+        httpx.post, f"{srv.url}/v1/completions", json=crowd, timeout=120)
+    deadline = time.monotonic() + 30
+    while srv.info()["scheduler"]["num_running"] < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    srv.proc.send_signal(signal.SIGTERM)
+    thread.join(timeout=60)
+    events = result["events"]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["type"] == "service_unavailable"
+    assert all(json.loads(e)["choices"][0]["finish_reason"] is None for e in events[:-2])  # cut short, not finished
+    resp = whole.result()
+    assert resp.status_code == 503 and resp.json()["error"]["message"] == "the server is shutting down"
+    assert srv.proc.wait(timeout=30) == 0
+    assert "shutdown timeout: failing" in srv.output()

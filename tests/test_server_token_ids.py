@@ -1,0 +1,89 @@
+"""`--skip-tokenizer-init`: a model directory without a tokenizer, served as token ids in, token ids out,
+through the real `openai` client; the offline LLM on the same directory is the oracle."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from conftest import DEVICE, make_llm, random_prompts
+from server_utils import Server
+
+from minisgl import SamplingParams
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+@pytest.fixture(scope="module")
+def model(tiny_models, tmp_path_factory) -> str:
+    """The tiny checkpoint with its tokenizer files deleted."""
+    path = tmp_path_factory.mktemp("no-tokenizer") / "qwen3"
+    shutil.copytree(tiny_models["qwen3"], path)
+    for name in TOKENIZER_FILES:
+        (path / name).unlink(missing_ok=True)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    srv = Server(model, "--skip-tokenizer-init")
+    yield srv
+    assert srv.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def test_token_ids_in_token_ids_out_as_offline(client, model):
+    prompts = random_prompts([5, 17, 30], 400, seed=3)
+    out = client.completions.create(model="tiny", prompt=prompts, max_tokens=12, temperature=0, logprobs=2,
+                                     extra_body={"ignore_eos": True})
+    offline = make_llm(model).generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    assert [c.token_ids for c in out.choices] == [o.token_ids for o in offline]
+    assert all(c.text == "" for c in out.choices) and all(o.text is None for o in offline)
+    first = out.choices[0]
+    assert first.logprobs.tokens == [f"token_id:{t}" for t in first.token_ids]
+    assert out.usage.prompt_tokens == sum(map(len, prompts)) and out.usage.completion_tokens == 36
+
+    stream = client.completions.create(model="tiny", prompt=prompts[1], max_tokens=12, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    streamed = [t for chunk in stream for c in chunk.choices for t in (c.token_ids or [])]
+    assert streamed == offline[1].token_ids
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", {"model": "tiny", "prompt": "hello"}, "prompt"),
+    ("/v1/completions", {"model": "tiny", "prompt": ["hello", "there"]}, "prompt"),
+    ("/v1/completions", {"model": "tiny", "prompt": [1, 2], "stop": "x"}, "stop"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}, "messages"),
+    ("/tokenize", {"prompt": "hello"}, "prompt"),
+    ("/tokenize", {"messages": [{"role": "user", "content": "hi"}]}, "messages"),
+    ("/detokenize", {"tokens": [1, 2]}, "tokens"),
+])
+def test_text_gets_a_clear_400(server, path, body, param):
+    resp = httpx.post(f"{server.url}{path}", json=body, timeout=30)
+    assert resp.status_code == 400
+    error = resp.json()["error"]
+    assert error["param"] == param and "--skip-tokenizer-init" in error["message"]
+
+
+def test_config_json_alone_with_dummy_weights(tiny_models, tmp_path):
+    """What the benchmarks do with the real models' configs: no weights, no tokenizer."""
+    (tmp_path / "config.json").write_bytes((Path(tiny_models["llama"]) / "config.json").read_bytes())
+    cmd = [sys.executable, "-m", "minisgl", "--model", str(tmp_path), "--device", DEVICE, "--port", "1"]
+    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--skip-tokenizer-init" in refused.stderr
+    srv = Server(str(tmp_path), "--skip-tokenizer-init", "--dummy-weight")
+    try:
+        body = {"model": "tiny", "prompt": [[1, 2, 3], [4]], "max_tokens": 5, "ignore_eos": True}
+        choices = httpx.post(f"{srv.url}/v1/completions", json=body, timeout=60).json()["choices"]
+        assert [len(c["token_ids"]) for c in choices] == [5, 5] and all(c["finish_reason"] == "length" for c in choices)
+    finally:
+        assert srv.stop() == 0
