@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minisgl.attention import BACKENDS
+
 
 @dataclass
 class EngineArgs:
@@ -39,3 +41,6 @@ class EngineArgs:
         check(self.max_seq_len is None or self.max_seq_len >= 2, "max_seq_len", "None or >= 2")
         check(0 < self.memory_ratio <= 1, "memory_ratio", "in (0, 1]")
         check(self.cuda_graph_max_bs >= 0, "cuda_graph_max_bs", ">= 0")
+        names = self.attention_backend.split(",")
+        check(len(names) <= 2 and all(n.strip() in ("auto", *BACKENDS) for n in names), "attention_backend",
+              f"'auto', one of {BACKENDS} or 'PREFILL,DECODE'")

@@ -68,9 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--cache", choices=["radix", "naive"], default="radix",
                         help="prefix cache: radix shares prompt prefixes, naive does not (default: radix)")
     engine.add_argument("--disable-radix-cache", action="store_true", help="SGLang spelling of --cache naive")
-    engine.add_argument("--attn", default="torch", help="attention backend (available: torch)")
+    engine.add_argument("--attn", "--attention-backend", dest="attn", default="auto",
+                        help="attention backend: auto (triton on CUDA, torch on CPU), triton, torch, or "
+                             "PREFILL,DECODE to mix them (default: auto)")
     engine.add_argument("--cuda-graph-max-bs", type=int, default=256,
-                        help="largest batch to capture in CUDA graphs (accepted; CUDA graphs are not built yet)")
+                        help="largest decode batch replayed from a CUDA graph; 0 turns graphs off (default: 256)")
+    engine.add_argument("--disable-overlap-schedule", action="store_true",
+                        help="run each step to completion before scheduling the next (overlap is on by default)")
 
     server = p.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 in containers)")
@@ -102,7 +106,8 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
             max_prefill_tokens=a.max_prefill_tokens, cache_type="naive" if a.disable_radix_cache else a.cache,
             num_pages=a.num_pages, max_running_requests=a.max_running_requests, attention_backend=a.attn,
             max_seq_len=a.max_seq_len, memory_ratio=a.memory_ratio,
-            dummy_weights=a.dummy_weight or a.load_format == "dummy")
+            dummy_weights=a.dummy_weight or a.load_format == "dummy", cuda_graph_max_bs=a.cuda_graph_max_bs,
+            overlap_schedule=not a.disable_overlap_schedule)
     except ValueError as exc:
         parser.error(str(exc))
     return ServerArgs(engine, a.host, a.port, a.served_model_name or a.model, a.api_key, a.max_queued_requests,
