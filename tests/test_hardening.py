@@ -86,6 +86,12 @@ def test_requests_that_crashed_the_server_get_a_400_naming_the_field(server, pat
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
+def test_tokenize_takes_a_prompt_or_messages_not_both(server):
+    """Found by schemathesis: a body matching both shapes was tokenized as a chat, its prompt ignored."""
+    resp = post(server, "/tokenize", {"prompt": "", "messages": CHAT})
+    assert resp.status_code == 400 and "not both" in resp.json()["error"]["message"], resp.text
+
+
 def extreme_requests() -> list[tuple[str, dict]]:
     """One request per (field, extreme value), the rest of it ordinary."""
     huge_ids = list(range(VOCAB)) * 20

@@ -102,6 +102,6 @@ def test_bfloat16_logits_close_to_transformers(tiny_models):
 
 def test_bad_engine_arguments_name_the_field(tiny_models):
     for kwargs, field in [({"cache_type": "lru"}, "cache_type"), ({"page_size": 0}, "page_size"),
-                          ({"dtype": "int8"}, "dtype"), ({"attention_backend": "nope"}, "attention backend")]:
+                          ({"dtype": "int8"}, "dtype"), ({"attention_backend": "nope"}, "attention_backend")]:
         with pytest.raises(ValueError, match=field):
             make_llm(tiny_models["qwen3"], **kwargs)

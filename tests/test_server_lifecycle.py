@@ -17,6 +17,8 @@ import pytest
 from conftest import DEVICE, random_prompts
 from server_utils import Server
 
+from minisgl.tools.tiny_model import make_tiny_model
+
 
 @pytest.fixture(scope="module")
 def model(tiny_models) -> str:
@@ -134,8 +136,15 @@ def test_health_is_503_while_loading_and_demo_serves_a_chat():
         assert srv.stop() == 0
 
 
-def test_full_waiting_queue_gets_503_with_retry_after(model):
-    srv = Server(model, "--max-queued-requests", "2", "--max-running-requests", "1")
+@pytest.fixture(scope="module")
+def long_context_model(tmp_path_factory) -> str:
+    """The tiny qwen3 with a context long enough that its one running request outlasts the test."""
+    return str(make_tiny_model(tmp_path_factory.mktemp("long") / "qwen3", arch="qwen3",
+                               max_position_embeddings=65536))
+
+
+def test_full_waiting_queue_gets_503_with_retry_after(long_context_model):
+    srv = Server(long_context_model, "--max-queued-requests", "2", "--max-running-requests", "1")
     short = {"model": "tiny", "prompt": "wait for it", "max_tokens": 3, "ignore_eos": True}
 
     def wait_for(key: str, value: int) -> None:

@@ -6,10 +6,10 @@ server); /detokenize checks its ids against the vocabulary."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
-from pydantic import BaseModel, Discriminator, Field, Tag
+from pydantic import BaseModel, Discriminator, Field, Tag, model_validator
 
 from minisgl.core import check_token_ids
 from minisgl.server.errors import ApiError, error_responses
@@ -28,6 +28,14 @@ class TokenizeChat(StrictRequest):
     """A conversation: its token ids after the chat template, as /v1/chat/completions would see them."""
 
     messages: list[ChatMessage] = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_also_a_prompt(cls, data: Any) -> Any:
+        """The schema is one of the two shapes: a body with both would be silently half-ignored."""
+        if isinstance(data, dict) and "prompt" in data:
+            raise ValueError("give either prompt or messages, not both")
+        return data
 
 
 def _which(body: object) -> str:
