@@ -125,6 +125,8 @@ def measure_stream(lines: Iterable[bytes], clock: Callable[[], float], sent_at: 
         raise StreamError("stream ended without data: [DONE]")
     if not record.output_tokens:  # a server that ignores stream_options.include_usage
         record.output_tokens = chunk_token_count
+    if record.ttft_ms is None and record.output_tokens:  # tokens whose text never showed (held-back bytes):
+        record.ttft_ms = record.e2e_ms  # the client saw its first output only when the stream ended
 
 
 # ---- many requests ---------------------------------------------------------------------------------------------

@@ -216,3 +216,15 @@ def test_readmission_restores_counter_and_counts() -> None:
     assert int(again.generated[0]) == 3
     assert torch.equal(again.counts[0], counts_of(torch.tensor(first[:3]), V))
     assert [int(again.sample(s, torch.tensor([0])).token_ids[0]) for s in steps[3:]] == first[3:]
+
+
+def test_extreme_values_still_sample_a_real_token():
+    """top_p at the smallest float keeps the most likely token; a repetition penalty of 1e-300 (dividing a
+    positive logit by it overflows) still gives a finite distribution, not NaN and token 0."""
+    logits = torch.tensor([[0.5, 3.0, 1.0, 2.0]])
+    tiny_top_p = Sampler(2, 4, "cpu")
+    tiny_top_p.prepare_row(0, SamplingParams(temperature=1.0, top_p=5e-324, seed=1), 1, [0], [], [])
+    assert tiny_top_p.sample(logits, torch.tensor([0])).token_ids.tolist() == [1]
+    tiny_penalty = Sampler(2, 4, "cpu")
+    tiny_penalty.prepare_row(0, SamplingParams(temperature=1.0, repetition_penalty=1e-300, seed=1), 1, [3], [], [])
+    assert tiny_penalty.sample(logits, torch.tensor([0])).token_ids.tolist() == [3]  # the seen, boosted token

@@ -123,6 +123,8 @@ class Sampler:
             repeated = torch.where(logits > 0, logits / repetition, logits * repetition)
             logits = torch.where(seen, repeated, logits)
             logits = logits - frequency * counts - presence * (counts > 0)
+            big = torch.finfo(logits.dtype).max  # a tiny repetition penalty must not make +-inf (softmax NaN)
+            logits = logits.clamp(-big, big)
         if self.banned is not None:
             active = self.generated[rows] < self.ints[rows, 1]
             logits = logits.masked_fill(self.banned[rows] & active[:, None], float("-inf"))
@@ -142,7 +144,7 @@ class Sampler:
         rank = torch.arange(probs.shape[-1], device=probs.device)
         sorted_p = sorted_p.masked_fill(rank >= top_k[:, None], 0)
         before = sorted_p.cumsum(-1) - sorted_p  # mass of the more likely tokens
-        cut = (before >= top_p * sorted_p.sum(-1, keepdim=True) * (1 - 1e-6)) & (top_p < 1)
+        cut = (before >= top_p * sorted_p.sum(-1, keepdim=True) * (1 - 1e-6)) & (top_p < 1) & (rank > 0)
         return torch.zeros_like(probs).scatter_(-1, order, sorted_p.masked_fill(cut, 0))
 
     def sample(self, logits: torch.Tensor, rows: torch.Tensor, top_n: int | None = None) -> SampleOutput:
