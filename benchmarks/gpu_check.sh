@@ -53,6 +53,6 @@ done
 
 echo "== summary"
 cat "$out/gpu.txt" "$out/tests.txt" 2>/dev/null
-grep -a "engine built\|warm-up\|ready:\|exit code" "$out/server.log" 2>/dev/null | cut -c1-200
+grep -a "engine built\|warm-up\|ready in\|exit code" "$out/server.log" 2>/dev/null | cut -c1-200
 tail -c 300 "$out/stream.txt" 2>/dev/null; echo
 python3 benchmarks/summary.py "$out/bench.jsonl" 2>/dev/null

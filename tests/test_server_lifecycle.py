@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import pty
+import re
 import select
 import signal
 import subprocess
@@ -62,6 +63,10 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(model):
     assert '"finish_reason":"length"' in result["events"][-2]
     assert srv.proc.wait(timeout=30) == 0
     assert "draining 1 in-flight request" in srv.output()
+    # start-up is logged: the engine's parts, then the time to ready since the process started
+    assert "engine built in" in srv.output() and "warm-up" in srv.output()
+    ready = re.search(r"ready in (\d+\.\d) s", srv.output())
+    assert ready and 0 < float(ready[1]) < 120
 
 
 def test_a_dead_scheduler_takes_the_server_down(model):

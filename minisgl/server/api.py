@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -92,9 +93,20 @@ def describe_this_server(schema: dict, state: ServerState, event_models: list[ty
     return schema
 
 
+def seconds_since_start() -> float:
+    """Since this process started (Linux /proc): the time to ready that autoscaling waits for, imports and
+    all. -1 where /proc is not there."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+            return float(uptime.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return -1.0
+
+
 async def announce_ready(state: ServerState) -> None:
     await state.client.ready.wait()
     info = state.client.info
-    logger.info("ready: model=%s dtype=%s device=%s tp=%d kv_capacity=%d tokens max_seq_len=%d on %s:%d",
-                state.args.served_model_name, info["dtype"], info["device"], info["tp_size"],
-                info["kv_capacity_tokens"], info["max_seq_len"], state.args.host, state.args.port)
+    logger.info("ready in %.1f s: model=%s dtype=%s device=%s tp=%d kv_capacity=%d tokens max_seq_len=%d on %s:%d",
+                seconds_since_start(), state.args.served_model_name, info["dtype"], info["device"],
+                info["tp_size"], info["kv_capacity_tokens"], info["max_seq_len"], state.args.host, state.args.port)
