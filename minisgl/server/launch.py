@@ -22,6 +22,7 @@ import uvicorn
 from minisgl.distributed import free_port
 from minisgl.llm import load_tokenizer
 from minisgl.models import resolve_model_path
+from minisgl.models.config import ModelConfig
 from minisgl.server.api import build_app
 from minisgl.server.args import ServerArgs
 from minisgl.server.detokenizer_worker import run_detokenizer
@@ -105,6 +106,12 @@ def serve(args: ServerArgs) -> int:
         args.engine.model = str(make_tiny_model(tempfile.mkdtemp(prefix="minisgl-demo-"), arch="qwen3"))
         logger.info("demo: serving a tiny random qwen3 model from %s on the CPU", args.engine.model)
     args.engine.model = str(resolve_model_path(args.engine.model))
+    longest = ModelConfig.from_dir(args.engine.model).max_position_embeddings
+    if args.engine.max_seq_len is not None and args.engine.max_seq_len > longest:
+        logger.error("--context-length %d is longer than this model's maximum of %d tokens "
+                     "(max_position_embeddings); leave it out or give at most %d", args.engine.max_seq_len, longest,
+                     longest)
+        return 2
     tokenizer = None
     if not args.skip_tokenizer_init:
         tokenizer = load_tokenizer(Path(args.engine.model))

@@ -22,8 +22,10 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    ValidationInfo,
     WithJsonSchema,
     computed_field,
+    field_validator,
 )
 
 MAX_N = 16
@@ -99,6 +101,14 @@ class SamplingFields(StrictRequest):
     min_tokens: integer(ge=0) | None = Field(None, description="at most max_tokens")
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, options: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        """vLLM and OpenAI refuse stream_options on a request that does not stream: it would be ignored."""
+        if options is not None and not info.data.get("stream"):
+            raise ValueError("only allowed with stream: true")
+        return options
 
     def sampling(self) -> tuple[dict[str, Any], dict[str, str]]:
         """The SamplingParams fields this request sets (None: the default), and for a field the request

@@ -17,7 +17,7 @@ from minisgl.server.text import TextCodec
 class ServerState:
     def __init__(self, args: ServerArgs, ipc: IpcPaths, tokenizer):
         self.args = args
-        self.metrics = Metrics(args.served_model_name)
+        self.metrics = Metrics(args.served_model_name, args.metrics_naming)
         self.client = EngineClient(ipc, self.metrics)
         self.codec = TextCodec(tokenizer)
         self.vocab_size = ModelConfig.from_dir(args.engine.model).vocab_size  # known before the engine is up
