@@ -60,8 +60,11 @@ def test_ignore_eos_runs_to_max_tokens(client):
 
 def test_prompt_longer_than_the_context_is_400(client, http):
     """SGLang test_input_length_longer_than_context_length, vLLM's long-prompt tests: a 400 with OpenAI's
-    context_length_exceeded code, never a truncated prompt."""
+    context_length_exceeded code, never a truncated prompt, in words both peers' clients match."""
     context = http.get("/get_server_info").json()["max_seq_len"]
     with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(model="demo", prompt=[7] * (context + 1), max_tokens=4)
     assert caught.value.body["code"] == "context_length_exceeded"
+    message = caught.value.body["message"]
+    assert "is longer than the model's context length" in message  # SGLang's words
+    assert f"maximum context length is {context} tokens" in message  # vLLM's and OpenAI's
