@@ -20,10 +20,11 @@ from typing import Annotated, Any, AsyncIterator, Literal
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from minisgl.server.boundary import GenerateRequest
 from minisgl.server.generation import Choice, generation_responses, outputs, respond
-from minisgl.server.protocol import NonEmptyText, SamplingFields, StrictRequest, Text, Usage, integer
+from minisgl.server.protocol import SERVED_MODEL_MARK, NonEmptyText, SamplingFields, StrictRequest, Text, Usage, integer
 from minisgl.server.routes.completions import TokenIds
 from minisgl.server.state import ServerState, server_state
 
@@ -46,7 +47,11 @@ class NativeSamplingParams(SamplingFields):
 
     model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
-    model: Text | None = None  # the request's top-level `model`, filled in by the route
+    # Top-level fields of SamplingFields, kept out of this schema: the route fills them in, a client may not.
+    model: SkipJsonSchema[Text | None] = None
+    stream: SkipJsonSchema[bool] = False
+    stream_options: SkipJsonSchema[None] = None
+    user: SkipJsonSchema[None] = None
     max_new_tokens: integer(ge=1) = SGLANG_DEFAULT_MAX_NEW_TOKENS
     min_tokens: integer(ge=0) | None = Field(None, validation_alias="min_new_tokens",
                                              description="at most max_new_tokens")
@@ -67,17 +72,21 @@ class NativeSamplingParams(SamplingFields):
 
 
 class GenerateBody(StrictRequest):
-    text: NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)] | None = None
-    input_ids: TokenIds | Annotated[list[TokenIds], Field(min_length=1)] | None = None
+    # The prompt is exactly one of text and input_ids (neither may be null): said in the schema too.
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["text"]}, {"required": ["input_ids"]}]})
+
+    text: NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)] = None
+    input_ids: TokenIds | Annotated[list[TokenIds], Field(min_length=1)] = None
     sampling_params: NativeSamplingParams = Field(default_factory=NativeSamplingParams)
     stream: bool = False
-    model: Text | None = Field(None, description="optional; when given, the served model's name")
+    model: Text = Field(None, description="optional; when given, the served model's name",
+                        json_schema_extra={SERVED_MODEL_MARK: True})
 
     @model_validator(mode="before")
     @classmethod
     def _one_prompt_nothing_unserved(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            if (data.get("text") is None) == (data.get("input_ids") is None):
+            if ("text" in data) == ("input_ids" in data):
                 raise ValueError("give exactly one of text or input_ids")
             unserved = [name for name in NOT_SERVED if data.get(name) not in (None, False)]
             if unserved:
