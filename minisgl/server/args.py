@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds in-flight requests may take to finish after SIGTERM; then they get an error "
                              "and the server exits")
+    server.add_argument("--enable-cache-report", action="store_true",
+                        help="SGLang spelling; accepted for its launch commands: usage always reports "
+                             "prompt_tokens_details.cached_tokens")
     server.add_argument("--metrics-naming", choices=NAMINGS, default="sglang",
                         help="name /metrics series as SGLang (sglang:*) or vLLM (vllm:*) does, for their "
                              "dashboards and routers (default: sglang)")

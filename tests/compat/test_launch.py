@@ -35,7 +35,7 @@ def peer_spelled():
     """A server started with vLLM's and SGLang's flag names (the fixtures of their suites pass these)."""
     srv = Server("--demo", "--max-model-len", "512", "--max-num-seqs", "8", "--enforce-eager",
                  "--gpu-memory-utilization", "0.5", "--max-num-batched-tokens", "256", "--tensor-parallel-size", "1",
-                 "--max-payload-size", "2048", "--metrics-naming", "vllm")
+                 "--max-payload-size", "2048", "--enable-cache-report", "--metrics-naming", "vllm")
     yield srv
     assert srv.stop() == 0
 
