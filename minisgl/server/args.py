@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="SGLang spelling: KV-cache size in tokens (--num-pages = this / --page-size, rounded up)")
     engine.add_argument("--cache", choices=["radix", "naive"], default="radix",
                         help="prefix cache: radix shares prompt prefixes, naive does not (default: radix)")
-    engine.add_argument("--disable-radix-cache", action="store_true", help="SGLang spelling of --cache naive")
+    engine.add_argument("--disable-radix-cache", "--no-enable-prefix-caching", action="store_true",
+                        help="SGLang's and vLLM's spellings of --cache naive")
     engine.add_argument("--attn", "--attention-backend", dest="attn", default="auto",
                         help="attention backend: auto (triton on CUDA, torch on CPU), triton, torch, or "
                              "PREFILL,DECODE to mix them (default: auto)")
@@ -99,9 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds in-flight requests may take to finish after SIGTERM; then they get an error "
                              "and the server exits")
-    server.add_argument("--enable-cache-report", action="store_true",
-                        help="SGLang spelling; accepted for its launch commands: usage always reports "
-                             "prompt_tokens_details.cached_tokens")
+    server.add_argument("--enable-cache-report", "--enable-prompt-tokens-details", action="store_true",
+                        help="SGLang's and vLLM's spellings, accepted for their launch commands: usage always "
+                             "reports prompt_tokens_details.cached_tokens")
     server.add_argument("--metrics-naming", choices=NAMINGS, default="sglang",
                         help="name /metrics series as SGLang (sglang:*) or vLLM (vllm:*) does, for their "
                              "dashboards and routers (default: sglang)")

@@ -35,7 +35,8 @@ def peer_spelled():
     """A server started with vLLM's and SGLang's flag names (the fixtures of their suites pass these)."""
     srv = Server("--demo", "--max-model-len", "512", "--max-num-seqs", "8", "--enforce-eager",
                  "--gpu-memory-utilization", "0.5", "--max-num-batched-tokens", "256", "--tensor-parallel-size", "1",
-                 "--max-payload-size", "2048", "--enable-cache-report", "--metrics-naming", "vllm")
+                 "--max-payload-size", "2048", "--enable-cache-report", "--enable-prompt-tokens-details",
+                 "--no-enable-prefix-caching", "--metrics-naming", "vllm")
     yield srv
     assert srv.stop() == 0
 
@@ -43,7 +44,7 @@ def peer_spelled():
 def test_vllm_and_sglang_flag_spellings_take_effect(peer_spelled):
     info = peer_spelled.info()
     assert (info["max_seq_len"], info["max_running_requests"], info["cuda_graph_max_bs"], info["memory_ratio"],
-            info["max_prefill_tokens"], info["tp_size"]) == (512, 8, 0, 0.5, 256, 1)
+            info["max_prefill_tokens"], info["tp_size"], info["cache_type"]) == (512, 8, 0, 0.5, 256, 1, "naive")
     card = httpx.get(f"{peer_spelled.url}/v1/models/demo").json()
     assert card["max_model_len"] == 512
 
