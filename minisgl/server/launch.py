@@ -32,6 +32,8 @@ from minisgl.server.state import ServerState
 
 logger = logging.getLogger("minisgl")
 
+DEMO_CONTEXT = 40960  # tokens: Qwen3's max_position_embeddings
+
 
 class DrainingServer(uvicorn.Server):
     """uvicorn, but the first SIGTERM/SIGINT drains: requests in flight get up to `timeout` seconds to
@@ -103,7 +105,9 @@ def serve(args: ServerArgs) -> int:
     if args.demo:
         from minisgl.tools.tiny_model import make_tiny_model
 
-        args.engine.model = str(make_tiny_model(tempfile.mkdtemp(prefix="minisgl-demo-"), arch="qwen3"))
+        # Qwen3's own context, so launch commands written for real models (--max-model-len 8192, ...) fit it.
+        args.engine.model = str(make_tiny_model(tempfile.mkdtemp(prefix="minisgl-demo-"), arch="qwen3",
+                                                max_position_embeddings=DEMO_CONTEXT))
         logger.info("demo: serving a tiny random qwen3 model from %s on the CPU", args.engine.model)
     args.engine.model = str(resolve_model_path(args.engine.model))
     longest = ModelConfig.from_dir(args.engine.model).max_position_embeddings

@@ -15,6 +15,7 @@ from server_utils import Server
 
 from minisgl.distributed import free_port
 from minisgl.server.args import parse_args
+from minisgl.server.launch import DEMO_CONTEXT
 
 # vLLM's series (prometheus_client's parser reports counters without `_total`), as vLLM's V1 engine names
 # and types them; dashboards and routers written for vLLM read exactly these.
@@ -75,11 +76,12 @@ def test_metrics_under_vllm_names(peer_spelled):
 def test_context_length_above_the_models_maximum_is_refused():
     """Asked for a context the model has no positions for, the server says so and does not start
     (it used to lower it silently)."""
-    cmd = [sys.executable, "-m", "minisgl", "--demo", "--device", DEVICE, "--context-length", "4096",
+    cmd = [sys.executable, "-m", "minisgl", "--demo", "--device", DEVICE, "--context-length", str(DEMO_CONTEXT + 1),
            "--port", str(free_port())]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=os.environ)
     assert done.returncode == 2
-    assert "--context-length 4096 is longer than this model's maximum of 2048 tokens" in done.stderr
+    assert f"--context-length {DEMO_CONTEXT + 1} is longer than this model's maximum of {DEMO_CONTEXT} tokens" \
+        in done.stderr
 
 
 def test_max_total_tokens_sizes_the_kv_pool():
