@@ -82,7 +82,8 @@ class StreamOptions(StrictRequest):
 class SamplingFields(StrictRequest):
     """The fields chat and text completions share: OpenAI's, then vLLM's and SGLang's extensions."""
 
-    model: Text = Field(json_schema_extra={SERVED_MODEL_MARK: True})
+    # Optional, as vLLM and SGLang have it (OpenAI requires it): left out, the served model; null is refused.
+    model: Text = Field(None, json_schema_extra={SERVED_MODEL_MARK: True})
     n: integer(ge=1, le=MAX_N) = 1
     stream: bool = False
     stream_options: StreamOptions | None = None

@@ -42,11 +42,11 @@ class ServerState:
         if not self.client.ready.is_set():
             raise ApiError(503, "the model is still loading", retry_after=5)
 
-    def admit(self, model: str, sequences: int) -> None:
-        """Admit a generation request of `sequences` sequences (prompts x n) or refuse it now. Once
-        admitted, the caller submits them all or releases the rest (client.release)."""
+    def admit(self, model: str | None, sequences: int) -> None:
+        """Admit a generation request of `sequences` sequences (prompts x n) for `model` (None: the served
+        one) or refuse it now. Once admitted, the caller submits them all or releases the rest (client.release)."""
         self.check_serving()
-        if model != self.args.served_model_name:
+        if model is not None and model != self.args.served_model_name:
             raise ApiError(404, f"the model {model[:200]!r} does not exist; this server serves "
                                 f"'{self.args.served_model_name}'", param="model", code="model_not_found")
         limit = self.args.max_queued_requests

@@ -68,3 +68,12 @@ def test_prompt_longer_than_the_context_is_400(client, http):
     message = caught.value.body["message"]
     assert "is longer than the model's context length" in message  # SGLang's words
     assert f"maximum context length is {context} tokens" in message  # vLLM's and OpenAI's
+
+
+def test_model_may_be_left_out(http):
+    """vLLM's and SGLang's requests may leave `model` out (vLLM test_server_load does): the served model
+    answers. A null model is still refused."""
+    done = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3})
+    assert done.status_code == 200 and done.json()["model"] == "demo"
+    refused = http.post("/v1/completions", json={"model": None, "prompt": PROMPT, "max_tokens": 3})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "model"

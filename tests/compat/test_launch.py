@@ -37,7 +37,7 @@ def peer_spelled():
     srv = Server("--demo", "--max-model-len", "512", "--max-num-seqs", "8", "--enforce-eager",
                  "--gpu-memory-utilization", "0.5", "--max-num-batched-tokens", "256", "--tensor-parallel-size", "1",
                  "--max-payload-size", "2048", "--enable-cache-report", "--enable-prompt-tokens-details",
-                 "--no-enable-prefix-caching", "--metrics-naming", "vllm")
+                 "--no-enable-prefix-caching", "--enable-server-load-tracking", "--metrics-naming", "vllm")
     yield srv
     assert srv.stop() == 0
 

@@ -44,3 +44,16 @@ def test_version(http):
 def test_health(http):
     """vLLM test_check_health: GET /health is 200 once the model is served."""
     assert http.get("/health").status_code == 200
+
+
+def test_load_counts_what_is_in_flight(http):
+    """vLLM test_server_load: GET /load is 0 when idle, 1 while one request generates, 0 once it is done."""
+    assert http.get("/load").json() == {"server_load": 0}
+    body = {"model": "demo", "prompt": "Give me a long story", "max_tokens": 64, "stream": True, "ignore_eos": True}
+    with http.stream("POST", "/v1/completions", json=body) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))  # generating now
+        during = http.get("/load").json()["server_load"]
+        assert [line for line in lines if line][-1] == "data: [DONE]"  # read to its end: the request is over
+    assert during == 1
+    assert http.get("/load").json() == {"server_load": 0}

@@ -153,8 +153,7 @@ def output(request_id: str, choice: Choice) -> GenerateOutput:
 @router.post("/generate", response_model=None, responses=generation_responses(GenerateResponse, GenerateOutput))
 async def generate(body: GenerateBody, request: Request, state: ServerState = Depends(server_state)) -> Response:
     batch, batched = body.prompts()
-    sampling = body.sampling_params.model_copy(
-        update={"model": body.model or state.args.served_model_name, "stream": body.stream})
+    sampling = body.sampling_params.model_copy(update={"model": body.model, "stream": body.stream})
     request_id = uuid.uuid4().hex
 
     def whole(choices: list[Choice], usage: Usage) -> GenerateResponse:
