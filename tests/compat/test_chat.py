@@ -77,3 +77,19 @@ def test_form_encoded_body_is_refused(demo):
     response = httpx.post(f"{demo.url}/v1/chat/completions", content="messages=hi",
                           headers={"Content-Type": "application/x-www-form-urlencoded"})
     assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_stop_token_ids_checked_against_the_vocabulary(client, http):
+    """vLLM test_chat_stop_token_ids_*: the last id of the model's vocabulary is a valid stop token; one past
+    it is a 400 naming the id and the vocabulary size; a negative id is a 400."""
+    vocab = http.get("/get_server_info").json()["vocab_size"]
+    done = client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=5,
+                                          extra_body={"stop_token_ids": [vocab - 1]})
+    assert done.choices[0].message.content is not None
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=5,
+                                       extra_body={"stop_token_ids": [vocab + 1]})
+    assert str(vocab + 1) in caught.value.message and str(vocab) in caught.value.message
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=5,
+                                       extra_body={"stop_token_ids": [-1]})
