@@ -95,7 +95,7 @@ def check_prompt_length(num_tokens: int, max_seq_len: int, kv_capacity: int) -> 
     if num_tokens >= max_seq_len:
         # Worded so that clients matching vLLM's or SGLang's message ("maximum context length", "is longer
         # than the model's context length") recognise it.
-        raise ContextLengthError(f"the prompt ({num_tokens} tokens) is longer than the model's context length: "
+        raise ContextLengthError(f"the prompt has {num_tokens} tokens and is longer than the model's context length: "
                                  f"this model's maximum context length is {max_seq_len} tokens, and a prompt "
                                  f"must leave room for at least one generated token")
     if num_tokens >= kv_capacity:
