@@ -93,8 +93,11 @@ def check_prompt(ids: list[int], vocab_size: int, max_seq_len: int, kv_capacity:
 def check_prompt_length(num_tokens: int, max_seq_len: int, kv_capacity: int) -> None:
     """A prompt of `num_tokens` must leave room to generate, in the context and in the KV pool."""
     if num_tokens >= max_seq_len:
-        raise ContextLengthError(f"this model's maximum context length is {max_seq_len} tokens, but the prompt "
-                                 f"has {num_tokens} tokens, leaving no room to generate")
+        # Worded so that clients matching vLLM's or SGLang's message ("maximum context length", "is longer
+        # than the model's context length") recognise it.
+        raise ContextLengthError(f"the prompt has {num_tokens} tokens and is longer than the model's context length: "
+                                 f"this model's maximum context length is {max_seq_len} tokens, and a prompt "
+                                 f"must leave room for at least one generated token")
     if num_tokens >= kv_capacity:
         raise ContextLengthError(f"the prompt has {num_tokens} tokens but the KV pool holds only {kv_capacity}")
 

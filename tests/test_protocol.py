@@ -19,7 +19,7 @@ from minisgl.server.routes.chat import (
     DeltaMessage,
 )
 from minisgl.server.routes.completions import CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse
-from minisgl.server.routes.ops import ModelCard, ModelList
+from minisgl.server.routes.models import ModelCard, ModelList
 from minisgl.server.routes.tokenize import DetokenizeRequest
 
 
@@ -67,8 +67,10 @@ def test_chat_schema_errors_name_the_field():
     assert refused_field(chat, messages=[]) == "messages"
     assert refused_field(chat, messages=[{"role": "robot", "content": "x"}]) == "messages"
     with pytest.raises(ValidationError) as e:
-        ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}]})
+        ChatCompletionRequest.model_validate({"model": None, "messages": [{"role": "user", "content": "x"}]})
     assert field_path(e.value.errors()[0]["loc"]) == ["model"]
+    # Left out, it is the served model (vLLM and SGLang accept that; the route decides which).
+    assert ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}]}).model is None
 
 
 def test_unknown_fields_ignored():
@@ -221,11 +223,12 @@ def test_completion_shapes():
 
 
 def test_models_and_errors():
-    body = ModelList(data=[ModelCard(id="qwen", max_model_len=4096)]).model_dump()
+    body = ModelList(data=[ModelCard(id="qwen", root="qwen", max_model_len=4096)]).model_dump()
     assert body["object"] == "list"
     card = body["data"][0]
-    assert set(card) == {"id", "object", "created", "owned_by", "max_model_len"}
-    assert (card["id"], card["object"], card["owned_by"], card["max_model_len"]) == ("qwen", "model", "minisgl", 4096)
+    assert set(card) == {"id", "object", "created", "owned_by", "root", "parent", "max_model_len"}
+    assert (card["id"], card["object"], card["owned_by"], card["root"], card["parent"], card["max_model_len"]) == (
+        "qwen", "model", "minisgl", "qwen", None, 4096)
 
     assert ApiError(400, "bad n", param="n", code="x").body() == {
         "error": {"message": "bad n", "type": "invalid_request_error", "param": "n", "code": "x"}}

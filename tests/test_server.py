@@ -145,7 +145,7 @@ BAD_REQUESTS = [  # (path, body or raw bytes, status, param)
     ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages"),
     ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, 400, "messages"),
-    ("/v1/chat/completions", {"messages": CHAT}, 400, "model"),
+    ("/v1/chat/completions", {"model": None, "messages": CHAT}, 400, "model"),  # left out: the served model
     ("/v1/chat/completions", b'{"model": "tiny", "messages": [', 400, None),
     ("/v1/chat/completions", {"model": "gpt-4", "messages": CHAT}, 404, "model"),
     ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "word " * 3000}]}, 400,

@@ -2,9 +2,10 @@
 and an openapi.json that says what the server really answers.
 
 Where things are: routes/chat.py and routes/completions.py (each: schema, route, stream format),
-routes/tokenize.py, routes/ops.py (health, metrics, models, server info); boundary.py is the one place
-requests are validated; generation.py runs them; errors.py is the error shape; middleware.py the API key
-and the body size limit.
+routes/generate.py (SGLang's native /generate), routes/models.py (the model list and card, /version),
+routes/load.py (vLLM's /load), routes/tokenize.py, routes/ops.py (health, metrics, server info);
+boundary.py is the one place requests are validated; generation.py runs them; errors.py is the error
+shape; middleware.py the API key and the body size limit.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pydantic.json_schema import models_json_schema
 from minisgl.server.errors import install_error_handlers
 from minisgl.server.middleware import OPEN_PATHS, ApiKeyCheck, BodySizeLimit
 from minisgl.server.protocol import SERVED_MODEL_MARK, TOKEN_ID_MARK
-from minisgl.server.routes import chat, completions, ops, tokenize
+from minisgl.server.routes import chat, completions, generate, load, models, ops, tokenize
 from minisgl.server.state import ServerState
 
 logger = logging.getLogger("minisgl.api")
@@ -40,7 +41,7 @@ def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="minisgl", summary="OpenAI-compatible LLM server", lifespan=lifespan)
     app.state.server = state
     install_error_handlers(app)
-    for module in (chat, completions, tokenize, ops):
+    for module in (chat, completions, generate, tokenize, models, load, ops):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, limit=state.args.max_request_bytes)
     if state.args.api_key:
@@ -50,7 +51,8 @@ def build_app(state: ServerState) -> FastAPI:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
             app.openapi_schema = describe_this_server(schema, state, [chat.ChatCompletionChunk,
-                                                                      completions.CompletionChunk])
+                                                                      completions.CompletionChunk,
+                                                                      generate.GenerateOutput])
         return app.openapi_schema
 
     app.openapi = openapi

@@ -1,4 +1,5 @@
-"""Command-line flags of `python -m minisgl`: mini-sglang's names, plus SGLang's spellings where cheap."""
+"""Command-line flags of `python -m minisgl`: mini-sglang's names, plus SGLang's and vLLM's spellings where
+cheap (so their launch commands and manifests work unchanged)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 from dataclasses import dataclass
 
 from minisgl.engine.config import EngineArgs
+from minisgl.server.metrics import NAMINGS
 
 
 @dataclass
@@ -22,6 +24,7 @@ class ServerArgs:
     demo: bool
     log_level: str
     skip_tokenizer_init: bool
+    metrics_naming: str = "sglang"
 
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024  # a 128k-token prompt as text is ~0.5 MB, as token ids ~1 MB
@@ -55,24 +58,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     engine = p.add_argument_group("engine")
     engine.add_argument("--device", default="auto", help="auto | cuda | cpu (default: auto, CUDA when present)")
-    engine.add_argument("--tp", "--tp-size", dest="tp", type=int, default=1, help="tensor-parallel ranks")
-    engine.add_argument("--max-running-requests", type=int, default=256, help="cap on concurrently running requests")
-    engine.add_argument("--max-prefill-length", "--chunked-prefill-size", dest="max_prefill_tokens", type=int,
+    engine.add_argument("--tp", "--tp-size", "--tensor-parallel-size", dest="tp", type=int, default=1,
+                        help="tensor-parallel ranks")
+    engine.add_argument("--max-running-requests", "--max-num-seqs", type=int, default=256,
+                        help="cap on concurrently running requests")
+    engine.add_argument("--max-prefill-length", "--chunked-prefill-size", "--max-num-batched-tokens",
+                        dest="max_prefill_tokens", type=int,
                         default=8192, help="token budget of one prefill step; longer prompts are chunked")
-    engine.add_argument("--max-seq-len", "--context-length", dest="max_seq_len", type=int,
-                        help="longest prompt + completion (default: the model's max_position_embeddings)")
+    engine.add_argument("--max-seq-len", "--context-length", "--max-model-len", dest="max_seq_len", type=int,
+                        help="longest prompt + completion, at most the model's max_position_embeddings "
+                             "(default: that)")
     engine.add_argument("--page-size", type=int, default=1, help="tokens per KV-cache page (default: 1)")
-    engine.add_argument("--memory-ratio", "--mem-fraction-static", dest="memory_ratio", type=float, default=0.9,
+    engine.add_argument("--memory-ratio", "--mem-fraction-static", "--gpu-memory-utilization", dest="memory_ratio",
+                        type=float, default=0.9,
                         help="share of GPU memory for weights + KV cache (default: 0.9)")
     engine.add_argument("--num-pages", type=int, help="KV-cache pages (default: sized from --memory-ratio)")
+    engine.add_argument("--max-total-tokens", type=positive_int,
+                        help="SGLang spelling: KV-cache size in tokens (--num-pages = this / --page-size, rounded up)")
     engine.add_argument("--cache", choices=["radix", "naive"], default="radix",
                         help="prefix cache: radix shares prompt prefixes, naive does not (default: radix)")
-    engine.add_argument("--disable-radix-cache", action="store_true", help="SGLang spelling of --cache naive")
+    engine.add_argument("--disable-radix-cache", "--no-enable-prefix-caching", action="store_true",
+                        help="SGLang's and vLLM's spellings of --cache naive")
     engine.add_argument("--attn", "--attention-backend", dest="attn", default="auto",
                         help="attention backend: auto (triton on CUDA, torch on CPU), triton, torch, or "
                              "PREFILL,DECODE to mix them (default: auto)")
     engine.add_argument("--cuda-graph-max-bs", type=int, default=256,
                         help="largest decode batch replayed from a CUDA graph; 0 turns graphs off (default: 256)")
+    engine.add_argument("--enforce-eager", action="store_true", help="vLLM spelling of --cuda-graph-max-bs 0")
     engine.add_argument("--disable-overlap-schedule", action="store_true",
                         help="run each step to completion before scheduling the next (overlap is on by default)")
 
@@ -82,11 +94,20 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every route but /health and /metrics")
     server.add_argument("--max-queued-requests", type=positive_int, default=1024,
                         help="sequences waiting for their first token beyond which new requests get 503")
-    server.add_argument("--max-request-bytes", type=positive_int, default=DEFAULT_MAX_REQUEST_BYTES,
+    server.add_argument("--max-request-bytes", "--max-payload-size", type=positive_int,
+                        default=DEFAULT_MAX_REQUEST_BYTES,
                         help="larger request bodies get 413 before they are read (default: 4 MiB)")
     server.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds in-flight requests may take to finish after SIGTERM; then they get an error "
                              "and the server exits")
+    server.add_argument("--enable-cache-report", "--enable-prompt-tokens-details", action="store_true",
+                        help="SGLang's and vLLM's spellings, accepted for their launch commands: usage always "
+                             "reports prompt_tokens_details.cached_tokens")
+    server.add_argument("--enable-server-load-tracking", action="store_true",
+                        help="vLLM spelling, accepted for its launch commands: GET /load is always served")
+    server.add_argument("--metrics-naming", choices=NAMINGS, default="sglang",
+                        help="name /metrics series as SGLang (sglang:*) or vLLM (vllm:*) does, for their "
+                             "dashboards and routers (default: sglang)")
     server.add_argument("--shell", action="store_true", help="interactive chat in this terminal (/reset, /exit)")
     server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
@@ -100,15 +121,21 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         a.device = "cpu" if a.device == "auto" else a.device
     if not a.model:
         parser.error("--model is required (or --demo)")
+    if a.max_total_tokens is not None:
+        if a.num_pages is not None:
+            parser.error("give --num-pages or --max-total-tokens, not both")
+        a.num_pages = -(-a.max_total_tokens // a.page_size)
     try:
         engine = EngineArgs(
             model=a.model, device=a.device, dtype=a.dtype, tp_size=a.tp, page_size=a.page_size,
             max_prefill_tokens=a.max_prefill_tokens, cache_type="naive" if a.disable_radix_cache else a.cache,
             num_pages=a.num_pages, max_running_requests=a.max_running_requests, attention_backend=a.attn,
             max_seq_len=a.max_seq_len, memory_ratio=a.memory_ratio,
-            dummy_weights=a.dummy_weight or a.load_format == "dummy", cuda_graph_max_bs=a.cuda_graph_max_bs,
+            dummy_weights=a.dummy_weight or a.load_format == "dummy",
+            cuda_graph_max_bs=0 if a.enforce_eager else a.cuda_graph_max_bs,
             overlap_schedule=not a.disable_overlap_schedule)
     except ValueError as exc:
         parser.error(str(exc))
     return ServerArgs(engine, a.host, a.port, a.served_model_name or a.model, a.api_key, a.max_queued_requests,
-                      a.max_request_bytes, a.shutdown_timeout, a.shell, a.demo, a.log_level, a.skip_tokenizer_init)
+                      a.max_request_bytes, a.shutdown_timeout, a.shell, a.demo, a.log_level, a.skip_tokenizer_init,
+                      a.metrics_naming)

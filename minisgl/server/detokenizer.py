@@ -32,6 +32,7 @@ class IncrementalDetokenizer:
         self.stop = [s for s in stop if s]
         self.skip_special_tokens = skip_special_tokens
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text (SGLang's `matched_stop`)
         self._ids: list[int] = []
         self._prefix_offset = 0
         self._read_offset = 0
@@ -71,10 +72,10 @@ class IncrementalDetokenizer:
     def _emit(self, new_text: str, final: bool) -> TextDelta:
         """Cut at a completed stop string, else emit all but a suffix that may begin one."""
         text = self._held + new_text  # a stop string cannot start before the held text, else it would be held
-        found = [(i + len(s), i) for s in self.stop if (i := text.find(s)) >= 0]
+        found = [(i + len(s), i, s) for s in self.stop if (i := text.find(s)) >= 0]
         if found:
             self.stopped = True
-            cut = min(found)[1]
+            _, cut, self.matched = min(found)
         else:
             cut = len(text) if final else len(text) - self._stop_prefix_len(text)
         out, self._held = text[:cut], ("" if self.stopped else text[cut:])

@@ -81,12 +81,14 @@ class Detokenizer:
             return None
         state = self.states[out.rid]
         text, finish = "", out.finish_reason
+        # The scheduler stops only on a token (EOS or stop_token_ids), the last one it sent.
+        matched: str | int | None = out.new_ids[-1] if finish == "stop" and out.new_ids else None
         if state is not None:
             delta = state.add(out.new_ids)
             text = delta.text
             if delta.stopped:
                 self.end_here(out)
-                finish = "stop"
+                finish, matched = "stop", state.matched
             elif finish is not None:
                 text += state.flush()
         if finish is not None:
@@ -94,7 +96,7 @@ class Detokenizer:
         logprobs = [(self.token_text(lp.token_id), lp.logprob, [(self.token_text(t), v) for t, v in lp.top])
                     for lp in out.logprobs]
         return TextOutput(out.rid, text, out.new_ids, logprobs, finish, out.prompt_tokens, out.cached_tokens,
-                          out.error)
+                          out.error, matched)
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id]) if self.tokenizer is not None else f"token_id:{token_id}"

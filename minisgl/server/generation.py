@@ -32,12 +32,14 @@ class Choice:
     def __init__(self, index: int, prompt: int, seq: Sequence):
         self.index, self.prompt, self.seq = index, prompt, seq
         self.text, self.logprobs, self.token_ids, self.finish = "", [], [], None
+        self.matched_stop: str | int | None = None
 
     def add(self, out: TextOutput) -> None:
         self.text += out.text
         self.logprobs += out.logprobs
         self.token_ids += out.new_ids
         self.finish = out.finish_reason or self.finish
+        self.matched_stop = out.matched_stop if out.matched_stop is not None else self.matched_stop
 
 
 async def respond(request: Request, state: ServerState, body: SamplingFields, prompt: PromptInput, prompts: int,

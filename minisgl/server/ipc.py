@@ -91,6 +91,7 @@ class TextOutput:
     prompt_tokens: int
     cached_tokens: int
     error: str | None = None  # the request failed alone (finish_reason "abort"); its client gets this message
+    matched_stop: str | int | None = None  # with finish_reason "stop": the stop string, or the stop/EOS token id
 
 
 @dataclass

@@ -22,6 +22,7 @@ import uvicorn
 from minisgl.distributed import free_port
 from minisgl.llm import load_tokenizer
 from minisgl.models import resolve_model_path
+from minisgl.models.config import ModelConfig
 from minisgl.server.api import build_app
 from minisgl.server.args import ServerArgs
 from minisgl.server.detokenizer_worker import run_detokenizer
@@ -30,6 +31,8 @@ from minisgl.server.scheduler_loop import run_scheduler
 from minisgl.server.state import ServerState
 
 logger = logging.getLogger("minisgl")
+
+DEMO_CONTEXT = 40960  # tokens: Qwen3's max_position_embeddings
 
 
 class DrainingServer(uvicorn.Server):
@@ -102,9 +105,17 @@ def serve(args: ServerArgs) -> int:
     if args.demo:
         from minisgl.tools.tiny_model import make_tiny_model
 
-        args.engine.model = str(make_tiny_model(tempfile.mkdtemp(prefix="minisgl-demo-"), arch="qwen3"))
+        # Qwen3's own context, so launch commands written for real models (--max-model-len 8192, ...) fit it.
+        args.engine.model = str(make_tiny_model(tempfile.mkdtemp(prefix="minisgl-demo-"), arch="qwen3",
+                                                max_position_embeddings=DEMO_CONTEXT))
         logger.info("demo: serving a tiny random qwen3 model from %s on the CPU", args.engine.model)
     args.engine.model = str(resolve_model_path(args.engine.model))
+    longest = ModelConfig.from_dir(args.engine.model).max_position_embeddings
+    if args.engine.max_seq_len is not None and args.engine.max_seq_len > longest:
+        logger.error("--context-length %d is longer than this model's maximum of %d tokens "
+                     "(max_position_embeddings); leave it out or give at most %d", args.engine.max_seq_len, longest,
+                     longest)
+        return 2
     tokenizer = None
     if not args.skip_tokenizer_init:
         tokenizer = load_tokenizer(Path(args.engine.model))

@@ -1,8 +1,12 @@
-"""Prometheus metrics for `GET /metrics`, named and typed exactly as SGLang's.
+"""Prometheus metrics for `GET /metrics`, named and typed exactly as SGLang's, or as vLLM's
+(`--metrics-naming vllm`).
 
-Dashboards, KEDA autoscalers and gateways written for SGLang read these series unchanged. The API
-process owns the only registry: scheduler numbers arrive as a stats dict over a socket and request
+Dashboards, KEDA autoscalers and gateways written for either engine read these series unchanged. The
+API process owns the only registry: scheduler numbers arrive as a stats dict over a socket and request
 timings are observed here when a request finishes, so no multiprocess aggregation is needed.
+
+Each series is one line of `SERIES`: its name in each scheme, or None where that engine has no such
+series (a series a scheme lacks is a no-op here, so the update code is the same for both).
 """
 
 from __future__ import annotations
@@ -12,46 +16,84 @@ from collections.abc import Sequence
 import prometheus_client as prom
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-# SGLang exports through prometheus_client's multiprocess collector, which emits no `*_created`
+# SGLang and vLLM export through prometheus_client's multiprocess collector, which emits no `*_created`
 # series; without this each counter/histogram would add an extra `*_created` gauge family.
 # (Process-wide, read at scrape time.)
 prom.disable_created_metrics()
+
+NAMINGS = ("sglang", "vllm")
 
 # Roughly log-spaced (1-2.5-5 per decade) bucket upper bounds, in seconds.
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)  # also TPOT
 E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 600)
+TOKEN_BUCKETS = tuple(m * 10 ** e for e in range(7) for m in (1, 2, 5))  # vLLM's 1-2-5 token counts, to 5M
+
+G, C, H = prom.Gauge, prom.Counter, prom.Histogram
+# attribute: (type, SGLang name, vLLM name, help, histogram buckets). Counter names omit `_total`:
+# prometheus_client appends it.
+SERIES: dict[str, tuple] = {
+    "num_running": (G, "num_running_reqs", "num_requests_running", "Requests in the running batch.", None),
+    "num_queue": (G, "num_queue_reqs", "num_requests_waiting", "Requests waiting to be scheduled.", None),
+    "token_usage": (G, "token_usage", "kv_cache_usage_perc", "Fraction of the KV pool held by running requests.",
+                    None),
+    "num_used_tokens": (G, "num_used_tokens", None, "KV-cache tokens held by running requests.", None),
+    "cache_hit_rate": (G, "cache_hit_rate", None, "Prefix-cache hit tokens / admitted prompt tokens.", None),
+    "gen_throughput": (G, "gen_throughput", None, "Generated tokens per second (last interval).", None),
+    "num_retracted": (G, "num_retracted_reqs", None, "Requests retracted for lack of KV memory (cumulative).",
+                      None),
+    "num_preemptions": (C, None, "num_preemptions", "Requests preempted (retracted) for lack of KV memory.", None),
+    "prompt_tokens": (C, "prompt_tokens", "prompt_tokens", "Prompt tokens of finished requests.", None),
+    "generation_tokens": (C, "generation_tokens", "generation_tokens", "Generated tokens of finished requests.",
+                          None),
+    "cached_tokens": (C, "cached_tokens", "prefix_cache_hits", "Prompt tokens served from the prefix cache.", None),
+    "cache_queries": (C, None, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", None),
+    "num_requests": (C, "num_requests", None, "Finished requests.", None),
+    "ttft": (H, "time_to_first_token_seconds", "time_to_first_token_seconds", "Time to first token.",
+             TTFT_BUCKETS),
+    "itl": (H, "inter_token_latency_seconds", "inter_token_latency_seconds", "Gap between output tokens.",
+            ITL_BUCKETS),
+    "e2e": (H, "e2e_request_latency_seconds", "e2e_request_latency_seconds", "Request latency, arrival to finish.",
+            E2E_BUCKETS),
+    "tpot": (H, "time_per_output_token_seconds", "request_time_per_output_token_seconds",
+             "Decode time per output token after the first.", ITL_BUCKETS),
+    "request_prompt_tokens": (H, None, "request_prompt_tokens", "Prompt tokens per finished request.",
+                              TOKEN_BUCKETS),
+    "request_generation_tokens": (H, None, "request_generation_tokens", "Generated tokens per finished request.",
+                                  TOKEN_BUCKETS),
+}
+
+
+class _Absent:
+    """A series this naming scheme does not have: every update is a no-op."""
+
+    def set(self, value: float = 1) -> None:
+        pass
+
+    inc = observe = set
 
 
 class Metrics:
     """One registry per instance (not the global default), so several can coexist in a process."""
 
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, naming: str = "sglang"):
+        if naming not in NAMINGS:
+            raise ValueError(f"naming must be one of {NAMINGS}, got {naming!r}")
         self.registry = prom.CollectorRegistry()
-
-        def make(kind, name: str, doc: str, **kw):
-            # Bind the only label once; callers then use the child directly.
-            metric = kind(f"sglang:{name}", doc, ["model_name"], registry=self.registry, **kw)
-            return metric.labels(model_name=model_name)
-
-        g, c, h = prom.Gauge, prom.Counter, prom.Histogram
-        self.num_running = make(g, "num_running_reqs", "Requests in the running batch.")
-        self.num_queue = make(g, "num_queue_reqs", "Requests waiting to be scheduled.")
-        self.num_used_tokens = make(g, "num_used_tokens", "KV-cache tokens held by running requests.")
-        self.token_usage = make(g, "token_usage", "Fraction of the KV pool held by running requests.")
-        self.cache_hit_rate = make(g, "cache_hit_rate", "Prefix-cache hit tokens / admitted prompt tokens.")
-        self.gen_throughput = make(g, "gen_throughput", "Generated tokens per second (last interval).")
-        self.num_retracted = make(g, "num_retracted_reqs", "Requests retracted for lack of KV memory (cumulative).")
-        # Counter names omit `_total`: prometheus_client appends it.
-        self.prompt_tokens = make(c, "prompt_tokens", "Prompt tokens of finished requests.")
-        self.generation_tokens = make(c, "generation_tokens", "Generated tokens of finished requests.")
-        self.cached_tokens = make(c, "cached_tokens", "Prompt tokens served from the prefix cache.")
-        self.num_requests = make(c, "num_requests", "Finished requests.")
-        self.ttft = make(h, "time_to_first_token_seconds", "Time to first token.", buckets=TTFT_BUCKETS)
-        self.itl = make(h, "inter_token_latency_seconds", "Gap between output tokens.", buckets=ITL_BUCKETS)
-        self.e2e = make(h, "e2e_request_latency_seconds", "Request latency, arrival to finish.", buckets=E2E_BUCKETS)
-        self.tpot = make(h, "time_per_output_token_seconds", "Decode time per output token after the first.",
-                         buckets=ITL_BUCKETS)
+        # SGLang labels its series with the model; vLLM also with the engine index (one engine here: "0").
+        labels = {"model_name": model_name} | ({"engine": "0"} if naming == "vllm" else {})
+        for attribute, (kind, *names, doc, buckets) in SERIES.items():
+            name = names[NAMINGS.index(naming)]
+            metric = _Absent() if name is None else kind(
+                f"{naming}:{name}", doc, list(labels), registry=self.registry,
+                **({"buckets": buckets} if buckets else {})).labels(**labels)
+            setattr(self, attribute, metric)
+        # vLLM counts finished requests by how they ended; SGLang's series carry only `model_name`.
+        self.request_success = None if naming != "vllm" else prom.Counter(
+            "vllm:request_success", "Finished requests, by finish reason.", [*labels, "finished_reason"],
+            registry=self.registry)
+        self.labels = labels
+        self.retracted_seen = 0  # the scheduler reports a running total; vLLM's counter takes increments
 
     def update_scheduler(self, stats: dict) -> None:
         """Set the gauges from the scheduler's latest stats message."""
@@ -64,18 +106,21 @@ class Metrics:
         self.cache_hit_rate.set(stats["cache_hit_tokens"] / admitted if admitted else 0.0)
         self.gen_throughput.set(stats["gen_throughput"])
         self.num_retracted.set(stats["num_retracted"])
+        self.num_preemptions.inc(max(0, stats["num_retracted"] - self.retracted_seen))
+        self.retracted_seen = max(self.retracted_seen, stats["num_retracted"])
 
     def observe_finished(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int,
-                         ttft: float | None, e2e: float, itls: Sequence[float], finish_reason: str) -> None:
-        """Record one finished request. ttft is None when no token was produced (e.g. aborted early).
-
-        finish_reason is accepted for the caller's convenience but not used as a label: SGLang's
-        series carry only `model_name`, and extra labels would change what dashboards aggregate.
-        """
+                         ttft: float | None, e2e: float, itls: Sequence[float], finish_reason: str | None) -> None:
+        """Record one finished request. ttft is None when no token was produced (e.g. aborted early)."""
         self.prompt_tokens.inc(prompt_tokens)
         self.generation_tokens.inc(completion_tokens)
         self.cached_tokens.inc(cached_tokens)
+        self.cache_queries.inc(prompt_tokens)
         self.num_requests.inc()
+        self.request_prompt_tokens.observe(prompt_tokens)
+        self.request_generation_tokens.observe(completion_tokens)
+        if self.request_success is not None:
+            self.request_success.labels(**self.labels, finished_reason=finish_reason or "abort").inc()
         self.e2e.observe(e2e)
         for itl in itls:
             self.itl.observe(itl)

@@ -60,5 +60,6 @@ class BodySizeLimit:
         await self.app(scope, counted_receive, send)
 
     def too_large(self) -> ApiError:
-        return ApiError(413, f"the request body is larger than {self.limit} bytes (--max-request-bytes)",
-                        code="request_too_large")
+        # Starts with the status's reason phrase, which SGLang's clients look for.
+        return ApiError(413, f"Payload Too Large: the request body is larger than {self.limit} bytes "
+                             f"(--max-request-bytes)", code="request_too_large")

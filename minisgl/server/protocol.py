@@ -22,8 +22,10 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    ValidationInfo,
     WithJsonSchema,
     computed_field,
+    field_validator,
 )
 
 MAX_N = 16
@@ -80,7 +82,8 @@ class StreamOptions(StrictRequest):
 class SamplingFields(StrictRequest):
     """The fields chat and text completions share: OpenAI's, then vLLM's and SGLang's extensions."""
 
-    model: Text = Field(json_schema_extra={SERVED_MODEL_MARK: True})
+    # Optional, as vLLM and SGLang have it (OpenAI requires it): left out, the served model; null is refused.
+    model: Text = Field(None, json_schema_extra={SERVED_MODEL_MARK: True})
     n: integer(ge=1, le=MAX_N) = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -99,6 +102,14 @@ class SamplingFields(StrictRequest):
     min_tokens: integer(ge=0) | None = Field(None, description="at most max_tokens")
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, options: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        """vLLM and OpenAI refuse stream_options on a request that does not stream: it would be ignored."""
+        if options is not None and not info.data.get("stream"):
+            raise ValueError("only allowed with stream: true")
+        return options
 
     def sampling(self) -> tuple[dict[str, Any], dict[str, str]]:
         """The SamplingParams fields this request sets (None: the default), and for a field the request

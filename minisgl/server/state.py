@@ -17,7 +17,7 @@ from minisgl.server.text import TextCodec
 class ServerState:
     def __init__(self, args: ServerArgs, ipc: IpcPaths, tokenizer):
         self.args = args
-        self.metrics = Metrics(args.served_model_name)
+        self.metrics = Metrics(args.served_model_name, args.metrics_naming)
         self.client = EngineClient(ipc, self.metrics)
         self.codec = TextCodec(tokenizer)
         self.vocab_size = ModelConfig.from_dir(args.engine.model).vocab_size  # known before the engine is up
@@ -42,11 +42,11 @@ class ServerState:
         if not self.client.ready.is_set():
             raise ApiError(503, "the model is still loading", retry_after=5)
 
-    def admit(self, model: str, sequences: int) -> None:
-        """Admit a generation request of `sequences` sequences (prompts x n) or refuse it now. Once
-        admitted, the caller submits them all or releases the rest (client.release)."""
+    def admit(self, model: str | None, sequences: int) -> None:
+        """Admit a generation request of `sequences` sequences (prompts x n) for `model` (None: the served
+        one) or refuse it now. Once admitted, the caller submits them all or releases the rest (client.release)."""
         self.check_serving()
-        if model != self.args.served_model_name:
+        if model is not None and model != self.args.served_model_name:
             raise ApiError(404, f"the model {model[:200]!r} does not exist; this server serves "
                                 f"'{self.args.served_model_name}'", param="model", code="model_not_found")
         limit = self.args.max_queued_requests

@@ -1,19 +1,17 @@
-"""What operators and probes call: health, a deep health check, metrics, server info, and the model list."""
+"""What operators and probes call: health, a deep health check, metrics and server info."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Literal
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from minisgl.core import SamplingParams
 from minisgl.server.engine_client import RequestFailed
 from minisgl.server.errors import ApiError, error_responses
-from minisgl.server.protocol import unix_now
 from minisgl.server.state import ServerState, server_state
 
 logger = logging.getLogger("minisgl.api")
@@ -25,19 +23,6 @@ STATS_TIMEOUT = 5.0
 
 class Health(BaseModel):
     status: str
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int = Field(default_factory=unix_now)
-    owned_by: str = "minisgl"
-    max_model_len: int | None = None
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
 
 
 def unhealthy(status: str) -> JSONResponse:
@@ -77,15 +62,9 @@ async def health_generate(state: ServerState = Depends(server_state)):
     return Health(status="ok")
 
 
-@router.get("/v1/models", response_model=ModelList, responses=error_responses(401))
-async def models(state: ServerState = Depends(server_state)):
-    card = ModelCard(id=state.args.served_model_name, max_model_len=state.client.info.get("max_seq_len"))
-    return ModelList(data=[card])
-
-
 @router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
 async def metrics(state: ServerState = Depends(server_state)):
-    """Prometheus text format, SGLang's metric names."""
+    """Prometheus text format, SGLang's metric names (or vLLM's: --metrics-naming vllm)."""
     if state.client.ready.is_set():
         try:
             state.metrics.update_scheduler(await state.client.stats(timeout=2))

@@ -1,0 +1,95 @@
+"""POST /v1/chat/completions: the generic behaviour of SGLang's run_chat_completion(_stream) and vLLM's
+chat tests, with the real `openai` client."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+MESSAGES = [{"role": "system", "content": "You are a helpful AI assistant"},
+            {"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_n_with_top_logprobs(client):
+    """SGLang run_chat_completion: n choices, each an assistant message, each content token with exactly
+    top_logprobs alternatives."""
+    done = client.chat.completions.create(model="demo", messages=MESSAGES, n=2, max_tokens=6, temperature=0,
+                                          logprobs=True, top_logprobs=5, extra_body={"ignore_eos": True})
+    assert len(done.choices) == 2
+    for choice in done.choices:
+        assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
+        assert len(choice.logprobs.content) == 6
+        assert all(len(token.top_logprobs) == 5 for token in choice.logprobs.content)
+        assert all(isinstance(alt.token, str) for token in choice.logprobs.content for alt in token.top_logprobs)
+    assert done.usage.prompt_tokens > 0 and done.usage.completion_tokens == 12
+
+
+def test_stream_roles_one_finish_per_choice_and_usage(client):
+    """SGLang run_chat_completion_stream: each choice's first delta has role "assistant", each choice gets
+    exactly one finish_reason, and include_usage adds a last chunk with the usage and no choices."""
+    chunks = list(client.chat.completions.create(model="demo", messages=MESSAGES, n=2, max_tokens=5, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True},
+                                                 logprobs=True, top_logprobs=3))
+    first: dict[int, object] = {}
+    finishes: dict[int, int] = {}
+    for chunk in chunks[:-1]:
+        choice = chunk.choices[0]
+        first.setdefault(choice.index, choice.delta)
+        finishes[choice.index] = finishes.get(choice.index, 0) + (choice.finish_reason is not None)
+        if choice.delta.content:
+            assert len(choice.logprobs.content[0].top_logprobs) == 3
+    assert {i: d.role for i, d in first.items()} == {0: "assistant", 1: "assistant"}
+    assert finishes == {0: 1, 1: 1}
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens > 0
+
+
+def test_stream_options_without_stream_is_refused(client):
+    """vLLM: stream_options without stream: true is a 400."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=4,
+                                       stream_options={"include_usage": True})
+    assert caught.value.body["param"] == "stream_options"
+
+
+def test_top_logprobs_need_logprobs(client):
+    """vLLM test_chat: top_logprobs without logprobs: true is a 400."""
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=4, top_logprobs=2)
+
+
+def test_ignore_eos_runs_to_max_tokens(client):
+    """SGLang test_ignore_eos: finish_reason "length" with exactly max_tokens."""
+    done = client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=30, temperature=0,
+                                          extra_body={"ignore_eos": True})
+    assert done.choices[0].finish_reason == "length" and done.usage.completion_tokens == 30
+
+
+def test_frequency_penalty_is_served(client):
+    """SGLang test_penalty: frequency_penalty changes nothing about the shape of the answer."""
+    done = client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=8, temperature=0,
+                                          frequency_penalty=1.0)
+    assert isinstance(done.choices[0].message.content, str)
+
+
+def test_form_encoded_body_is_refused(demo):
+    """vLLM test_request_wrong_content_type: a body that is not JSON gets an error status, not a 200."""
+    response = httpx.post(f"{demo.url}/v1/chat/completions", content="messages=hi",
+                          headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_stop_token_ids_checked_against_the_vocabulary(client, http):
+    """vLLM test_chat_stop_token_ids_*: the last id of the model's vocabulary is a valid stop token; one past
+    it is a 400 naming the id and the vocabulary size; a negative id is a 400."""
+    vocab = http.get("/get_server_info").json()["vocab_size"]
+    done = client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=5,
+                                          extra_body={"stop_token_ids": [vocab - 1]})
+    assert done.choices[0].message.content is not None
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=5,
+                                       extra_body={"stop_token_ids": [vocab + 1]})
+    assert str(vocab + 1) in caught.value.message and str(vocab) in caught.value.message
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=5,
+                                       extra_body={"stop_token_ids": [-1]})

@@ -1,0 +1,79 @@
+"""POST /v1/completions: the generic behaviour of SGLang's run_completion(_stream) and vLLM's completion
+tests, with the real `openai` client."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+PROMPT = "The capital of France is"
+
+
+@pytest.mark.parametrize("token_input", [False, True])
+def test_batch_times_n_choices_and_prompt_usage(client, tokenizer, token_input):
+    """SGLang run_completion: a list of 2 prompts with n=2 gives 4 choices; prompt_tokens counts both
+    prompts; text and token-id prompts are the same prompt."""
+    ids = tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    prompt = ids if token_input else PROMPT
+    done = client.completions.create(model="demo", prompt=[prompt, prompt], n=2, max_tokens=8, temperature=0)
+    assert [c.index for c in done.choices] == [0, 1, 2, 3]
+    assert done.usage.prompt_tokens == 2 * len(ids) and done.usage.completion_tokens > 0
+    assert done.usage.total_tokens == done.usage.prompt_tokens + done.usage.completion_tokens
+    assert done.id and done.created
+
+
+def test_logprobs_shape(client):
+    """SGLang run_completion with logprobs=5: tokens are strings, each top_logprobs entry a non-empty dict,
+    and the first token's logprob is a number."""
+    done = client.completions.create(model="demo", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=5,
+                                     extra_body={"ignore_eos": True})
+    lp = done.choices[0].logprobs
+    assert all(isinstance(t, str) for t in lp.tokens) and len(lp.tokens) == 6
+    assert all(isinstance(top, dict) and top for top in lp.top_logprobs)
+    assert isinstance(lp.token_logprobs[0], float) and lp.token_logprobs[0] <= 0
+
+
+def test_stream_every_choice_then_usage(client):
+    """SGLang run_completion_stream: with a batch and n, every choice index streams, and the last chunk
+    carries the usage with no choices (stream_options.include_usage)."""
+    chunks = list(client.completions.create(model="demo", prompt=[PROMPT, "Hello"], n=2, max_tokens=5, stream=True,
+                                            stream_options={"include_usage": True}, temperature=0))
+    assert {c.choices[0].index for c in chunks if c.choices} == {0, 1, 2, 3}
+    assert all(c.usage is None for c in chunks[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+    assert {c.id for c in chunks} == {chunks[0].id}
+
+
+def test_stream_options_without_stream_is_refused(client):
+    """vLLM: stream_options on a request that does not stream is a 400, not silently ignored."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model="demo", prompt=PROMPT, max_tokens=4, stream_options={"include_usage": True})
+    assert caught.value.body["param"] == "stream_options"
+
+
+def test_ignore_eos_runs_to_max_tokens(client):
+    """SGLang test_ignore_eos: with ignore_eos the completion runs to max_tokens, finish_reason "length"."""
+    done = client.completions.create(model="demo", prompt=PROMPT, max_tokens=40, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert done.choices[0].finish_reason == "length" and done.usage.completion_tokens == 40
+
+
+def test_prompt_longer_than_the_context_is_400(client, http):
+    """SGLang test_input_length_longer_than_context_length, vLLM's long-prompt tests: a 400 with OpenAI's
+    context_length_exceeded code, never a truncated prompt, in words both peers' clients match."""
+    context = http.get("/get_server_info").json()["max_seq_len"]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model="demo", prompt=[7] * (context + 1), max_tokens=4)
+    assert caught.value.body["code"] == "context_length_exceeded"
+    message = caught.value.body["message"]
+    assert "is longer than the model's context length" in message  # SGLang's words
+    assert f"maximum context length is {context} tokens" in message  # vLLM's and OpenAI's
+
+
+def test_model_may_be_left_out(http):
+    """vLLM's and SGLang's requests may leave `model` out (vLLM test_server_load does): the served model
+    answers. A null model is still refused."""
+    done = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3})
+    assert done.status_code == 200 and done.json()["model"] == "demo"
+    refused = http.post("/v1/completions", json={"model": None, "prompt": PROMPT, "max_tokens": 3})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "model"

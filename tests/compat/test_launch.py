@@ -1,0 +1,91 @@
+"""Launch flags as vLLM's and SGLang's users spell them, metrics under vLLM's names, and a context
+longer than the model's refused at start-up."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import httpx
+import pytest
+from conftest import DEVICE
+from prometheus_client.parser import text_string_to_metric_families
+from server_utils import Server
+
+from minisgl.distributed import free_port
+from minisgl.server.args import parse_args
+from minisgl.server.launch import DEMO_CONTEXT
+
+# vLLM's series (prometheus_client's parser reports counters without `_total`), as vLLM's V1 engine names
+# and types them; dashboards and routers written for vLLM read exactly these.
+VLLM_FAMILIES = {
+    ("vllm:num_requests_running", "gauge"), ("vllm:num_requests_waiting", "gauge"),
+    ("vllm:kv_cache_usage_perc", "gauge"), ("vllm:num_preemptions", "counter"),
+    ("vllm:prompt_tokens", "counter"), ("vllm:generation_tokens", "counter"),
+    ("vllm:prefix_cache_queries", "counter"), ("vllm:prefix_cache_hits", "counter"),
+    ("vllm:request_success", "counter"), ("vllm:time_to_first_token_seconds", "histogram"),
+    ("vllm:inter_token_latency_seconds", "histogram"), ("vllm:e2e_request_latency_seconds", "histogram"),
+    ("vllm:request_time_per_output_token_seconds", "histogram"), ("vllm:request_prompt_tokens", "histogram"),
+    ("vllm:request_generation_tokens", "histogram"),
+}
+
+
+@pytest.fixture(scope="module")
+def peer_spelled():
+    """A server started with vLLM's and SGLang's flag names (the fixtures of their suites pass these)."""
+    srv = Server("--demo", "--max-model-len", "512", "--max-num-seqs", "8", "--enforce-eager",
+                 "--gpu-memory-utilization", "0.5", "--max-num-batched-tokens", "256", "--tensor-parallel-size", "1",
+                 "--max-payload-size", "2048", "--enable-cache-report", "--enable-prompt-tokens-details",
+                 "--no-enable-prefix-caching", "--enable-server-load-tracking", "--metrics-naming", "vllm")
+    yield srv
+    assert srv.stop() == 0
+
+
+def test_vllm_and_sglang_flag_spellings_take_effect(peer_spelled):
+    info = peer_spelled.info()
+    assert (info["max_seq_len"], info["max_running_requests"], info["cuda_graph_max_bs"], info["memory_ratio"],
+            info["max_prefill_tokens"], info["tp_size"], info["cache_type"]) == (512, 8, 0, 0.5, 256, 1, "naive")
+    card = httpx.get(f"{peer_spelled.url}/v1/models/demo").json()
+    assert card["max_model_len"] == 512
+
+
+def test_max_payload_size_answers_413(peer_spelled):
+    """SGLang test_request_body_validation: a body over --max-payload-size is refused with 413."""
+    body = {"model": "demo", "messages": [{"role": "user", "content": "hello " * 400}]}
+    response = httpx.post(f"{peer_spelled.url}/v1/chat/completions", json=body)
+    error = response.json()["error"]
+    assert response.status_code == 413 and error["code"] == "request_too_large"
+    assert "Payload Too Large" in error["message"]  # what SGLang's test looks for
+
+
+def test_metrics_under_vllm_names(peer_spelled):
+    """vLLM's test_metrics: its series names and types, with values that match what was served."""
+    done = httpx.post(f"{peer_spelled.url}/v1/completions", timeout=60, json={
+        "model": "demo", "prompt": "Hello there", "max_tokens": 5, "temperature": 0, "ignore_eos": True}).json()
+    families = list(text_string_to_metric_families(httpx.get(f"{peer_spelled.url}/metrics").text))
+    assert {(f.name, f.type) for f in families} == VLLM_FAMILIES
+    values = {(s.name, s.labels.get("finished_reason")): s.value for f in families for s in f.samples}
+    assert all(s.labels["model_name"] == "demo" and s.labels["engine"] == "0" for f in families for s in f.samples)
+    assert values[("vllm:prompt_tokens_total", None)] == done["usage"]["prompt_tokens"]
+    assert values[("vllm:generation_tokens_total", None)] == 5
+    assert values[("vllm:request_success_total", "length")] == 1
+    assert values[("vllm:request_generation_tokens_sum", None)] == 5
+
+
+def test_context_length_above_the_models_maximum_is_refused():
+    """Asked for a context the model has no positions for, the server says so and does not start
+    (it used to lower it silently)."""
+    cmd = [sys.executable, "-m", "minisgl", "--demo", "--device", DEVICE, "--context-length", str(DEMO_CONTEXT + 1),
+           "--port", str(free_port())]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=os.environ)
+    assert done.returncode == 2
+    assert f"--context-length {DEMO_CONTEXT + 1} is longer than this model's maximum of {DEMO_CONTEXT} tokens" \
+        in done.stderr
+
+
+def test_max_total_tokens_sizes_the_kv_pool():
+    """SGLang's --max-total-tokens is the pool size in tokens: pages rounded up; with --num-pages, refused."""
+    assert parse_args(["--demo", "--max-total-tokens", "1000", "--page-size", "16"]).engine.num_pages == 63
+    with pytest.raises(SystemExit):
+        parse_args(["--demo", "--max-total-tokens", "1000", "--num-pages", "10"])
