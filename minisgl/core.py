@@ -5,6 +5,19 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
+from typing import Literal
+
+ConstraintKind = Literal["json_schema", "json_object", "regex", "ebnf"]
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A grammar the output must match (structured outputs): a JSON schema (as JSON text), any JSON
+    object (`spec` empty), a regular expression, or an EBNF grammar (xgrammar's dialect). Plain text,
+    so that it pickles cheaply to every scheduler rank and keys the compiled-grammar cache."""
+
+    kind: ConstraintKind
+    spec: str = ""
 
 
 @dataclass
@@ -13,7 +26,7 @@ class SamplingParams:
 
     temperature 0 means greedy. `seed` makes sampling reproducible whatever else shares the batch.
     `logprobs` = N returns the chosen token's log-probability plus the top N alternatives
-    (None: no logprobs at all).
+    (None: no logprobs at all). `constraint` restricts every sampled token to those its grammar allows.
     """
 
     temperature: float = 1.0
@@ -29,6 +42,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logprobs: int | None = None
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, rule: str) -> None:
@@ -60,6 +74,10 @@ class SamplingParams:
         check(finite("repetition_penalty") and self.repetition_penalty > 0, "repetition_penalty", "a number > 0")
         check(self.logprobs is None or (whole("logprobs") and 0 <= self.logprobs <= 20), "logprobs",
               "None or an integer in [0, 20]")
+        check(self.constraint is None or isinstance(self.constraint, Constraint), "constraint",
+              "None or a Constraint")
+        check(self.constraint is None or self.min_tokens == 0, "min_tokens",
+              "0 with a constraint (the grammar alone decides where the output may end)")
         self.stop_token_ids = list(self.stop_token_ids)
 
     @property

@@ -195,9 +195,10 @@ class Engine:
         return self._logits(self.extend_input(batch), self.prefill_backend)
 
     @torch.inference_mode()
-    def launch(self, batch: Batch) -> LaunchedStep:
+    def launch(self, batch: Batch, bitmask: torch.Tensor | None = None) -> LaunchedStep:
         """Enqueue the forward pass and sampling; sampled tokens go into the token table on the device
-        and into pinned host memory, which `LaunchedStep.result()` waits for."""
+        and into pinned host memory, which `LaunchedStep.result()` waits for. `bitmask` (host, one row
+        per sampled request) holds the tokens their grammars allow."""
         logits = self.forward(batch)
         picked = batch.sampled
         if not picked:
@@ -208,7 +209,7 @@ class Engine:
         top_n = max((r.params.logprobs for r in reqs if r.params.logprobs is not None), default=None)
         where = torch.tensor([[r.row for r in reqs], [batch.kv_lens[i] + batch.extend_lens[i] for i in picked]])
         rows, next_pos = where.to(self.device, non_blocking=True)
-        out = self.sampler.sample(logits, rows, top_n)
+        out = self.sampler.sample(logits, rows, top_n, bitmask)
         self.token_table[rows, next_pos] = out.token_ids.int()
         host = [t.to("cpu", non_blocking=True) if t is not None else None
                 for t in (out.token_ids, out.logprobs, out.top_ids, out.top_logprobs)]

@@ -2,6 +2,7 @@
 
 For every row of a logits batch, in this order:
 1. logprobs and top-N come from log_softmax of the RAW logits, before anything below.
+1b. Grammar: tokens the row's grammar bitmask leaves out get -inf (structured outputs).
 2. Penalties: the repetition penalty p (CTRL / HF style) applies to every token seen in the prompt or
    the output (positive logits are divided by p, negative ones multiplied by p); then
    `frequency_penalty * count_in_output` and `presence_penalty * (count_in_output > 0)` are subtracted.
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minisgl.constrained import apply_bitmask
 from minisgl.core import SamplingParams
 from minisgl.kernels import use_triton
 
@@ -145,9 +147,13 @@ class Sampler:
         cut = (before >= top_p * sorted_p.sum(-1, keepdim=True) * (1 - 1e-6)) & (top_p < 1)
         return torch.zeros_like(probs).scatter_(-1, order, sorted_p.masked_fill(cut, 0))
 
-    def sample(self, logits: torch.Tensor, rows: torch.Tensor, top_n: int | None = None) -> SampleOutput:
-        """Sample one token for each row of logits [B, V] (V == vocab_size), then advance the rows."""
+    def sample(self, logits: torch.Tensor, rows: torch.Tensor, top_n: int | None = None,
+               bitmask: torch.Tensor | None = None) -> SampleOutput:
+        """Sample one token for each row of logits [B, V] (V == vocab_size), then advance the rows;
+        `bitmask` [B, ceil(V/32)] int32 allows each row's tokens (step 1b; it changes `logits`)."""
         logprobs = torch.log_softmax(logits.float(), -1) if top_n is not None else None
+        if bitmask is not None:
+            apply_bitmask(logits, bitmask)
         processed = self.process_logits(logits, rows)
         if self._random and not (self._sorting or self._min_p) and use_triton(processed):
             tokens = self._race_fused(processed, rows)

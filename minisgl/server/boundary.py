@@ -14,7 +14,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
-from minisgl.core import ContextLengthError, SamplingParams, check_prompt, check_prompt_length, check_request
+from minisgl.constrained import check as check_constraint
+from minisgl.core import (
+    Constraint,
+    ContextLengthError,
+    SamplingParams,
+    check_prompt,
+    check_prompt_length,
+    check_request,
+)
 from minisgl.server.errors import ApiError
 from minisgl.server.protocol import SamplingFields
 from minisgl.server.text import TextCodec
@@ -66,9 +74,13 @@ async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, p
         # Clamped like max_tokens, so a request valid on its own is not refused for a long prompt.
         values["min_tokens"] = min(values["min_tokens"] or 0, room)
         params = SamplingParams(**{k: v for k, v in values.items() if v is not None})
+        if body.constraints() and params.min_tokens:
+            raise ValueError(f"min_tokens cannot be combined with {body.constraints()[0][0]}: the grammar alone "
+                             f"decides where the output may end")
         for ids in prompts:
             check_request(ids, params, limits.vocab_size, limits.max_seq_len, limits.kv_capacity)
     check_logit_bias(body.logit_bias, limits.vocab_size)
+    params.constraint = await constraint(codec, body)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if stop:
         codec.require("stop", "stop strings are matched on text; use stop_token_ids")
@@ -98,6 +110,23 @@ async def encode(codec: TextCodec, limits: ModelLimits, prompt: PromptInput) -> 
         codec.require("prompt", "send the prompt as token ids")
         return [await codec.encode(text, limits.max_seq_len) for text in prompt]
     return [(len(ids), ids) for ids in prompt]
+
+
+async def constraint(codec: TextCodec, body: SamplingFields) -> Constraint | None:
+    """The request's grammar, parsed (off the loop) so that a bad one is a 400 naming its field."""
+    asked = body.constraints()
+    if not asked:
+        return None
+    (param, grammar), *others = asked
+    if others:
+        raise ApiError(400, f"{others[0][0]} cannot be combined with {param}: the output can match only one grammar",
+                       param=others[0][0])
+    codec.require(param, "structured outputs need the model's tokenizer")
+    try:
+        await codec.run(check_constraint, grammar)
+    except ValueError as exc:
+        raise ApiError(400, f"{param} is not a grammar this server can follow: {exc}", param=param) from None
+    return grammar
 
 
 def check_logit_bias(bias: dict[str, float] | None, vocab_size: int) -> None:

@@ -10,10 +10,11 @@ rules across fields) is checked in `boundary`.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -25,6 +26,8 @@ from pydantic import (
     WithJsonSchema,
     computed_field,
 )
+
+from minisgl.core import Constraint
 
 MAX_N = 16
 MAX_STOP_STRINGS = 16
@@ -77,6 +80,37 @@ class StreamOptions(StrictRequest):
     include_usage: bool = False
 
 
+class JsonSchemaSpec(StrictRequest):
+    name: Text = Field(description="the schema's name (as OpenAI requires; it does not change the output)")
+    description: Text | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = Field(None, description="outputs always match the schema; false is not weaker")
+
+
+class TextFormat(StrictRequest):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(StrictRequest):
+    type: Literal["json_object"]
+
+
+class JsonSchemaFormat(StrictRequest):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")]
+
+
+def response_format_constraint(fmt: TextFormat | JsonObjectFormat | JsonSchemaFormat | None) -> Constraint | None:
+    if isinstance(fmt, JsonObjectFormat):
+        return Constraint("json_object")
+    if isinstance(fmt, JsonSchemaFormat):
+        return Constraint("json_schema", json.dumps(fmt.json_schema.schema_))
+    return None
+
+
 class SamplingFields(StrictRequest):
     """The fields chat and text completions share: OpenAI's, then vLLM's and SGLang's extensions."""
 
@@ -99,6 +133,11 @@ class SamplingFields(StrictRequest):
     min_tokens: integer(ge=0) | None = Field(None, description="at most max_tokens")
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
+    response_format: ResponseFormat | None = Field(None, description="json_object or json_schema: the output "
+                                                   "is forced to match (xgrammar)")
+    regex: Text | None = Field(None, description="SGLang's extension: the output matches this regular expression")
+    ebnf: Text | None = Field(None, description="SGLang's extension: the output matches this EBNF grammar "
+                                                "(xgrammar's dialect, rule `root`)")
 
     def sampling(self) -> tuple[dict[str, Any], dict[str, str]]:
         """The SamplingParams fields this request sets (None: the default), and for a field the request
@@ -110,6 +149,13 @@ class SamplingFields(StrictRequest):
             "temperature", "top_p", "min_p", "min_tokens", "ignore_eos", "stop_token_ids", "seed",
             "presence_penalty", "frequency_penalty", "repetition_penalty")} | {
             "top_k": -1 if self.top_k == 0 else self.top_k}  # 0 is vLLM's spelling of "off"
+
+    def constraints(self) -> list[tuple[str, Constraint]]:
+        """The grammars this request asks for, each with the field that asks (at most one may)."""
+        asked = [("response_format", response_format_constraint(self.response_format)),
+                 ("regex", Constraint("regex", self.regex) if self.regex is not None else None),
+                 ("ebnf", Constraint("ebnf", self.ebnf) if self.ebnf is not None else None)]
+        return [(param, c) for param, c in asked if c is not None]
 
     @property
     def include_usage(self) -> bool:

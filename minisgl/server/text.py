@@ -41,14 +41,14 @@ class TextCodec:
 
     async def encode(self, text: str, limit: int) -> tuple[int, list[int]]:
         """(token count, ids); the ids are left out (empty) when the count passes `limit`."""
-        return await self._run(self._encode, text, limit)
+        return await self.run(self._encode, text, limit)
 
     async def encode_chat(self, conversation: list[dict], limit: int) -> tuple[int, list[int]]:
         """The conversation through the model's chat template (with the assistant's turn opened), encoded."""
-        return await self._run(self._encode_chat, conversation, limit)
+        return await self.run(self._encode_chat, conversation, limit)
 
     async def decode(self, ids: list[int]) -> str:
-        return (await self._run(self.backend.decode_batch, [ids], skip_special_tokens=False))[0]
+        return (await self.run(self.backend.decode_batch, [ids], skip_special_tokens=False))[0]
 
     def close(self) -> None:
         """Shutdown: whoever still waits for the tokenizer gets a 503 now (the thread's work is abandoned)."""
@@ -57,7 +57,8 @@ class TextCodec:
             if not waiter.done():
                 waiter.set_exception(ApiError(503, "the server is shutting down", retry_after=5))
 
-    async def _run(self, fn, *args, **kwargs):
+    async def run(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs) in the pool: CPU-heavy work on a request (tokenizing, parsing a grammar)."""
         if self.closed:
             raise ApiError(503, "the server is shutting down", retry_after=5)
         loop = asyncio.get_running_loop()
