@@ -72,8 +72,8 @@ def test_chat_schema_errors_name_the_field():
 
 
 def test_unknown_fields_ignored():
-    req = chat(tools=[], parallel_tool_calls=True, response_format={"type": "text"})
-    assert not hasattr(req, "tools")
+    req = chat(functions=[], service_tier="auto")
+    assert not hasattr(req, "functions")
     assert completion(suffix="x").prompts() == ["hi"]
 
 

@@ -25,7 +25,7 @@ from minisgl.core import (
 )
 from minisgl.server.errors import ApiError
 from minisgl.server.protocol import SamplingFields
-from minisgl.server.text import TextCodec
+from minisgl.server.text import Conversation, TextCodec
 
 
 @dataclass
@@ -35,13 +35,6 @@ class ModelLimits:
     vocab_size: int
     max_seq_len: int
     kv_capacity: int
-
-
-@dataclass
-class Conversation:
-    """A chat prompt: the messages as the chat template takes them ({"role", "content"})."""
-
-    messages: list[dict[str, str]]
 
 
 PromptInput = Conversation | list[str] | list[list[int]]
@@ -105,7 +98,7 @@ async def encode(codec: TextCodec, limits: ModelLimits, prompt: PromptInput) -> 
     for the context are never built (left empty)."""
     if isinstance(prompt, Conversation):
         codec.require("messages", "chat needs a tokenizer and a chat template; send token ids to /v1/completions")
-        return [await codec.encode_chat(prompt.messages, limits.max_seq_len)]
+        return [await codec.encode_chat(prompt, limits.max_seq_len)]
     if prompt and isinstance(prompt[0], str):
         codec.require("prompt", "send the prompt as token ids")
         return [await codec.encode(text, limits.max_seq_len) for text in prompt]

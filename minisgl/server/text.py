@@ -14,12 +14,23 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 from minisgl.server.errors import ApiError
 
 TEXT_THREADS = 4
 
 NO_TOKENIZER = "this server runs with --skip-tokenizer-init and has no tokenizer"
+
+
+@dataclass
+class Conversation:
+    """A chat prompt: the messages and tools as the chat template takes them; `tools_needed`: the output
+    may call them, so a template that cannot show the model its tools is refused."""
+
+    messages: list[dict]
+    tools: list[dict] | None = None
+    tools_needed: bool = False
 
 
 class TextCodec:
@@ -43,7 +54,7 @@ class TextCodec:
         """(token count, ids); the ids are left out (empty) when the count passes `limit`."""
         return await self.run(self._encode, text, limit)
 
-    async def encode_chat(self, conversation: list[dict], limit: int) -> tuple[int, list[int]]:
+    async def encode_chat(self, conversation: Conversation, limit: int) -> tuple[int, list[int]]:
         """The conversation through the model's chat template (with the assistant's turn opened), encoded."""
         return await self.run(self._encode_chat, conversation, limit)
 
@@ -81,9 +92,15 @@ class TextCodec:
         count = len(encoding)
         return count, (encoding.ids if count <= limit else [])
 
-    def _encode_chat(self, conversation: list[dict], limit: int) -> tuple[int, list[int]]:
+    def _encode_chat(self, conversation: Conversation, limit: int) -> tuple[int, list[int]]:
+        tools = conversation.tools
         try:
-            text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+            if conversation.tools_needed and "tools" not in self.tokenizer.get_chat_template(tools=tools):
+                raise ApiError(400, "this model's chat template does not show tools to the model", param="tools")
+            text = self.tokenizer.apply_chat_template(conversation.messages, tools=tools, add_generation_prompt=True,
+                                                      tokenize=False)
+        except ApiError:
+            raise
         except Exception as exc:  # the template is a program run on the client's messages; it refused them
             raise ApiError(400, f"the model's chat template refused these messages: {exc}", param="messages") from None
         return self._encode(text, limit)

@@ -1,0 +1,52 @@
+"""One chat choice's output, as it streams: tool calls split from the text by the request's tool_choice."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from minisgl.server.parsers.tools import TOOL_CALL_PARSERS, Parsed, ToolCall, forced_calls
+
+
+@dataclass
+class ToolUse:
+    """How a chat request's output may hold tool calls: `auto` (the model decides; the server's parser
+    finds them), `named` (one call to `name`, forced by grammar) or `required` (one or more, forced)."""
+
+    mode: Literal["auto", "named", "required"]
+    name: str | None = None
+    parser: str | None = None  # --tool-call-parser, for auto
+    parallel: bool = True  # False: at most one call
+
+
+@dataclass
+class ChoiceDelta:
+    content: str = ""
+    calls: list[ToolCall] = field(default_factory=list)
+
+
+class OutputParser:
+    """Feed a choice's text deltas, then its finish reason; get what to show of each."""
+
+    def __init__(self, tools: ToolUse | None):
+        self.tools = tools
+        self.parser = TOOL_CALL_PARSERS[tools.parser]() if tools and tools.mode == "auto" else None
+        self.forced = "" if tools and tools.mode != "auto" else None  # a forced call's text, parsed at the end
+        self.calls = 0
+
+    def feed(self, text: str) -> ChoiceDelta:
+        if self.forced is not None:
+            self.forced += text
+            return ChoiceDelta()
+        return self._delta(self.parser.feed(text) if self.parser else Parsed(text))
+
+    def finish(self, finish_reason: str | None) -> ChoiceDelta:
+        if self.forced is not None:
+            calls = forced_calls(self.forced, self.tools.name) if finish_reason == "stop" else None
+            return self._delta(Parsed(calls=calls) if calls else Parsed(self.forced))
+        return self._delta(self.parser.finish() if self.parser else Parsed())
+
+    def _delta(self, parsed: Parsed) -> ChoiceDelta:
+        calls = parsed.calls if self.tools is None or self.tools.parallel else parsed.calls[: max(0, 1 - self.calls)]
+        self.calls += len(calls)
+        return ChoiceDelta(parsed.content, calls)
