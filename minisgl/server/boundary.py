@@ -46,6 +46,7 @@ class GenerateRequest:
     them (`max_tokens` already fitted to the room the longest prompt leaves)."""
 
     prompts: list[list[int]]
+    prompt_texts: list[str | None]  # the text each prompt was made of (a chat: the template's), None for ids
     params: SamplingParams
     stop: list[str]  # matched on the decoded text by the detokenizer
     n: int
@@ -57,10 +58,10 @@ async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, p
     values, renamed = body.sampling()
     encoded = await encode(codec, limits, prompt)
     with refusals_named(prompt_param, renamed):
-        for count, ids in encoded:  # the prompts first: they decide the room left for max_tokens
+        for count, ids, _ in encoded:  # the prompts first: they decide the room left for max_tokens
             check_prompt_length(count, limits.max_seq_len, limits.kv_capacity)  # a text too long has no ids
             check_prompt(ids, limits.vocab_size, limits.max_seq_len, limits.kv_capacity)
-        prompts = [ids for _, ids in encoded]
+        prompts = [ids for _, ids, _ in encoded]
         room = limits.max_seq_len - max(len(ids) for ids in prompts)
         requested = values.pop("max_tokens")
         values["max_tokens"] = room if requested is None else min(requested, room)
@@ -77,7 +78,7 @@ async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, p
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if stop:
         codec.require("stop", "stop strings are matched on text; use stop_token_ids")
-    return GenerateRequest(prompts, params, stop, body.n, body.seed)
+    return GenerateRequest(prompts, [text for _, _, text in encoded], params, stop, body.n, body.seed)
 
 
 @contextmanager
@@ -93,16 +94,17 @@ def refusals_named(prompt_param: str, renamed: dict[str, str]) -> Iterator[None]
         raise ApiError(400, f"{param} {rest}", param=param) from None
 
 
-async def encode(codec: TextCodec, limits: ModelLimits, prompt: PromptInput) -> list[tuple[int, list[int]]]:
-    """(token count, ids) of every prompt; text is tokenized off the loop, and the ids of a text too long
-    for the context are never built (left empty)."""
+async def encode(codec: TextCodec, limits: ModelLimits, prompt: PromptInput
+                 ) -> list[tuple[int, list[int], str | None]]:
+    """(token count, ids, text) of every prompt; text is tokenized off the loop, and the ids of a text too
+    long for the context are never built (left empty)."""
     if isinstance(prompt, Conversation):
         codec.require("messages", "chat needs a tokenizer and a chat template; send token ids to /v1/completions")
         return [await codec.encode_chat(prompt, limits.max_seq_len)]
     if prompt and isinstance(prompt[0], str):
         codec.require("prompt", "send the prompt as token ids")
-        return [await codec.encode(text, limits.max_seq_len) for text in prompt]
-    return [(len(ids), ids) for ids in prompt]
+        return [(*await codec.encode(text, limits.max_seq_len), text) for text in prompt]
+    return [(len(ids), ids, None) for ids in prompt]
 
 
 async def constraint(codec: TextCodec, body: SamplingFields) -> Constraint | None:

@@ -27,10 +27,11 @@ logger = logging.getLogger("minisgl.api")
 
 
 class Choice:
-    """One generated sequence (prompt p, sample i) and what it has produced so far."""
+    """One generated sequence (prompt p, sample i) and what it has produced so far; `prompt_text` is
+    the text its prompt was made of (None for token ids)."""
 
-    def __init__(self, index: int, prompt: int, seq: Sequence):
-        self.index, self.prompt, self.seq = index, prompt, seq
+    def __init__(self, index: int, prompt: int, seq: Sequence, prompt_text: str | None = None):
+        self.index, self.prompt, self.seq, self.prompt_text = index, prompt, seq, prompt_text
         self.text, self.logprobs, self.token_ids, self.finish = "", [], [], None
 
     def add(self, out: TextOutput) -> None:
@@ -67,7 +68,7 @@ async def start(state: ServerState, body: SamplingFields, prompt: PromptInput, p
             for i in range(gen.n):
                 index = p * gen.n + i
                 seed = gen.seed + index if gen.seed is not None else random.getrandbits(63)
-                choices.append(Choice(index, p, client.submit(ids, gen.params, gen.stop, seed)))
+                choices.append(Choice(index, p, client.submit(ids, gen.params, gen.stop, seed), gen.prompt_texts[p]))
     finally:
         state.preparing -= 1
         client.release(sequences - len(choices))

@@ -2,14 +2,15 @@
 
 Tools: the chat template renders `tools`; with tool_choice `auto` the server's --tool-call-parser finds
 the calls the model writes, `required` and a named function force them through a grammar (see
-parsers/tools.py). A choice that ends in calls has `finish_reason: "tool_calls"`.
+parsers/tools.py). A choice that ends in calls has `finish_reason: "tool_calls"`. With --reasoning-parser
+the model's `<think>` block becomes `reasoning_content` (parsers/reasoning.py).
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from typing import Annotated, Any, AsyncIterator, Literal
+from typing import Annotated, Any, AsyncIterator, Callable, Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -19,7 +20,8 @@ from minisgl.core import Constraint
 from minisgl.server.boundary import GenerateRequest
 from minisgl.server.errors import ApiError
 from minisgl.server.generation import Choice, generation_responses, outputs, respond, usage
-from minisgl.server.parsers.output import ChoiceDelta, OutputParser, ToolUse
+from minisgl.server.parsers.output import OutputParser, ToolUse
+from minisgl.server.parsers.reasoning import ReasoningParser
 from minisgl.server.parsers.tools import ToolCall, forced_schema
 from minisgl.server.protocol import (
     MAX_LOGPROBS,
@@ -141,6 +143,8 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         None, description="default: auto with tools (needs the server's --tool-call-parser), else none")
     parallel_tool_calls: bool = Field(True, description="false: at most one call per choice")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="extra variables for the chat template, e.g. {\"enable_thinking\": false}")
 
     def sampling(self) -> tuple[dict[str, Any], dict[str, str]]:
         if self.top_logprobs is not None and not self.logprobs:
@@ -192,7 +196,14 @@ class ChatCompletionRequest(SamplingFields):
 
     def conversation(self, tool_use: ToolUse | None) -> Conversation:
         tools = [tool.model_dump(exclude_none=True) for tool in self.tools] if self.tools else None
-        return Conversation([m.template_form() for m in self.messages], tools, tools_needed=tool_use is not None)
+        return Conversation([m.template_form() for m in self.messages], tools, tools_needed=tool_use is not None,
+                            template_kwargs=self.chat_template_kwargs or {})
+
+    def output_parser(self, tool_use: ToolUse | None, reasoning: str | None, prompt_text: str | None) -> OutputParser:
+        """A choice's parser. Under a grammar the output is what the grammar says from its first token on,
+        even if the prompt opened a reasoning block (a grammar may still write one: it is split off)."""
+        opened = "" if self.constraints() else prompt_text or ""
+        return OutputParser(tool_use, ReasoningParser(reasoning, opened) if reasoning else None)
 
 
 # ---------------------------------------------------------------- response
@@ -216,6 +227,8 @@ class ResponseToolCall(BaseModel):
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = Field(None, exclude_if=lambda v: v is None,
+                                          description="the model's thinking (with --reasoning-parser)")
     tool_calls: list[ResponseToolCall] | None = Field(None, exclude_if=lambda v: v is None)
 
 
@@ -244,6 +257,7 @@ class DeltaMessage(BaseModel):
 
     role: Literal["assistant"] | None = Field(None, exclude_if=lambda v: v is None)
     content: str | None = Field(None, exclude_if=lambda v: v is None)
+    reasoning_content: str | None = Field(None, exclude_if=lambda v: v is None)
     tool_calls: list[DeltaToolCall] | None = Field(None, exclude_if=lambda v: v is None)
 
 
@@ -271,24 +285,24 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     tool_use = body.tool_use(state.args.tool_call_parser)
     model = state.args.served_model_name
 
+    def parser(c: Choice) -> OutputParser:
+        return body.output_parser(tool_use, state.args.reasoning_parser, c.prompt_text)
+
     def whole(choices: list[Choice], usage: Usage) -> ChatCompletionResponse:
         answers = []
         for c in choices:
-            parser = OutputParser(tool_use)
-            delta = merge(parser.feed(c.text), parser.finish(c.finish))
-            content = None if delta.calls and not delta.content.strip() else delta.content
-            message = ChatResponseMessage(content=content, tool_calls=[ResponseToolCall.of(call) for call in
-                                                                       delta.calls] or None)
-            answers.append(ChatChoice(index=c.index, message=message, finish_reason=finish_reason(c.finish, parser),
+            parsed = parser(c)
+            delta = parsed.feed(c.text) + parsed.finish(c.finish)
+            message = ChatResponseMessage(
+                content=None if delta.calls and not delta.content.strip() else delta.content,
+                reasoning_content=delta.reasoning or None,
+                tool_calls=[ResponseToolCall.of(call) for call in delta.calls] or None)
+            answers.append(ChatChoice(index=c.index, message=message, finish_reason=finish_reason(c.finish, parsed),
                                       logprobs=chat_logprobs(c.logprobs) if c.logprobs else None))
         return ChatCompletionResponse(model=model, usage=usage, choices=answers)
 
     return await respond(request, state, body, body.conversation(tool_use), 1, whole,
-                         lambda gen, choices: chunks(state, body, gen, choices, model, tool_use))
-
-
-def merge(first: ChoiceDelta, second: ChoiceDelta) -> ChoiceDelta:
-    return ChoiceDelta(first.content + second.content, first.calls + second.calls)
+                         lambda gen, choices: chunks(state, body, gen, choices, model, parser))
 
 
 def finish_reason(finish: str | None, parser: OutputParser) -> str | None:
@@ -296,9 +310,9 @@ def finish_reason(finish: str | None, parser: OutputParser) -> str | None:
 
 
 async def chunks(state: ServerState, body: ChatCompletionRequest, gen: GenerateRequest, choices: list[Choice],
-                 model: str, tool_use: ToolUse | None) -> AsyncIterator[ChatCompletionChunk]:
+                 model: str, parser: Callable[[Choice], OutputParser]) -> AsyncIterator[ChatCompletionChunk]:
     chunk_id = ChatCompletionChunk(model=model, choices=[]).id
-    parsers = {c.index: OutputParser(tool_use) for c in choices}
+    parsers = {c.index: parser(c) for c in choices}
     for c in choices:
         yield ChatCompletionChunk(id=chunk_id, model=model, choices=[
             ChatChunkChoice(index=c.index, delta=DeltaMessage(role="assistant", content=""))])
@@ -307,12 +321,13 @@ async def chunks(state: ServerState, body: ChatCompletionRequest, gen: GenerateR
         made = parser.calls
         delta = parser.feed(out.text)
         if out.finish_reason:
-            delta = merge(delta, parser.finish(out.finish_reason))
-        if delta.content or delta.calls or out.finish_reason or out.logprobs:
+            delta += parser.finish(out.finish_reason)
+        if delta.content or delta.reasoning or delta.calls or out.finish_reason or out.logprobs:
             calls = [DeltaToolCall(index=made + i, function=ResponseFunction(name=call.name, arguments=call.arguments))
                      for i, call in enumerate(delta.calls)] or None
             yield ChatCompletionChunk(id=chunk_id, model=model, choices=[ChatChunkChoice(
-                index=choice.index, delta=DeltaMessage(content=delta.content or None, tool_calls=calls),
+                index=choice.index, delta=DeltaMessage(content=delta.content or None,
+                                                       reasoning_content=delta.reasoning or None, tool_calls=calls),
                 logprobs=chat_logprobs(out.logprobs) if out.logprobs else None,
                 finish_reason=finish_reason(out.finish_reason, parser))])
     if body.include_usage:

@@ -72,7 +72,7 @@ async def tokenize(body: TokenizeRequest, state: ServerState = Depends(server_st
         count, ids = await state.codec.encode(body.prompt, limits.max_seq_len)
     else:
         conversation = Conversation([m.template_form() for m in body.messages])
-        count, ids = await state.codec.encode_chat(conversation, limits.max_seq_len)
+        count, ids, _ = await state.codec.encode_chat(conversation, limits.max_seq_len)
     if count > limits.max_seq_len:
         raise ApiError(400, f"the text has {count} tokens, more than this model's context of {limits.max_seq_len}",
                        param=param, code="context_length_exceeded")
