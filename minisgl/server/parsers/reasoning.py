@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minisgl.server.parsers.tools import held_back
+from minisgl.server.parsers.markers import scan
 
 REASONING_PARSERS = {"qwen3": ("<think>", "</think>"), "deepseek-r1": ("<think>", "</think>")}
 
@@ -40,14 +40,11 @@ class ReasoningParser:
                 else:
                     self.state = "content"
             elif self.state == "reasoning":
-                end = self.buffer.find(self.close)
-                if end < 0:
-                    cut = len(self.buffer) - held_back(self.buffer, self.close)
-                    out.reasoning += self.buffer[:cut]
-                    self.buffer = self.buffer[cut:]
+                before, self.buffer, closed = scan(self.buffer, self.close)
+                out.reasoning += before
+                if not closed:
                     return out
-                out.reasoning += self.buffer[:end]
-                self.buffer, self.state = self.buffer[end + len(self.close):], "answer"
+                self.state = "answer"
             elif self.state == "answer":  # right after </think>: newlines before the answer are dropped
                 self.buffer = self.buffer.lstrip("\n")
                 if not self.buffer:

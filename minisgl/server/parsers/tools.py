@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from minisgl.server.parsers.markers import scan
+
 
 @dataclass
 class ToolCall:
@@ -43,14 +45,6 @@ def call_from(obj: object, arguments_keys: tuple[str, ...] = ("arguments", "para
     return ToolCall(obj["name"], json.dumps(arguments, ensure_ascii=False))
 
 
-def held_back(text: str, marker: str) -> int:
-    """Length of the longest suffix of `text` that `marker` starts with (it may be the marker, cut)."""
-    for n in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
-
-
 class HermesParser:
     """`<tool_call>{json}</tool_call>` blocks among text."""
 
@@ -64,14 +58,10 @@ class HermesParser:
         out = Parsed()
         while True:
             if not self.inside:
-                start = self.buffer.find(self.OPEN)
-                if start < 0:
-                    cut = len(self.buffer) - held_back(self.buffer, self.OPEN)
-                    out.content += self.buffer[:cut]
-                    self.buffer = self.buffer[cut:]
+                before, self.buffer, self.inside = scan(self.buffer, self.OPEN)
+                out.content += before
+                if not self.inside:
                     return out
-                out.content += self.buffer[:start]
-                self.buffer, self.inside = self.buffer[start + len(self.OPEN):], True
             else:
                 end = self.buffer.find(self.CLOSE)
                 if end < 0:
