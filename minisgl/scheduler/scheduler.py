@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from minisgl.constrained import Grammars
 from minisgl.core import Batch, Req, ReqStatus, TokenLogprob
 from minisgl.distributed import TPGroup
-from minisgl.engine.engine import Engine, LaunchedStep, StepResult
+from minisgl.engine.engine import Engine, LaunchedStep, PromptScores, StepResult
 from minisgl.kvcache import KVCacheManager, make_prefix_cache
 
 logger = logging.getLogger(__name__)
@@ -202,12 +202,18 @@ class Scheduler:
             reqs.append(req)
             lens.append(n)
             budget -= n
-        return self._batch(reqs, lens) if reqs else None
+        if not reqs:
+            return None
+        batch = self._batch(reqs, lens)
+        batch.scored = [(i, kv, min(kv + n, len(r.prompt_ids) - 1) - kv)
+                        for i, (r, kv, n) in enumerate(zip(reqs, batch.kv_lens, lens))
+                        if r.scores_prompt and kv < len(r.prompt_ids) - 1]
+        return batch
 
     def _admit(self, req: Req, budget: int) -> int | None:
         """Move the first waiting request into running with pages for its first chunk; returns the
         chunk's length, None when it must wait for pages, 0 when it can never fit (finished)."""
-        self.kv.admit(req)
+        self.kv.admit(req, match=not req.scores_prompt)
         n = min(req.seq_len - req.kv_len, budget)
         # Leave a page per running request, so the next decode step does not have to retract.
         need = self.kv.pages_for(req.kv_len + n) - len(req.pages)
@@ -280,6 +286,8 @@ class Scheduler:
     def _commit(self, step: LaunchedStep) -> None:
         """Append the step's sampled tokens and finish the requests they end."""
         result, batch = step.result(), step.batch
+        for scores in result.prompt:
+            self._record_prompt_scores(batch.reqs[scores.index], scores)
         for j, i in enumerate(batch.sampled):
             req = batch.reqs[i]
             req.in_flight -= 1
@@ -305,6 +313,16 @@ class Scheduler:
         if req.params.constraint is not None and self.grammars.accept(req.rid, token):
             return "stop"  # the grammar is complete and took its end token
         return self._stop_reason(req, token)
+
+    @staticmethod
+    def _record_prompt_scores(req: Req, scores: PromptScores) -> None:
+        """Keep the prompt logprobs of positions not recorded yet (a request retracted while it scored its
+        prompt computes them again)."""
+        for j, logprob in enumerate(scores.logprobs):
+            position = scores.first + 1 + j
+            if position == len(req.prompt_logprobs) + 1:
+                top = list(zip(scores.top_ids[j], scores.top_logprobs[j]))
+                req.prompt_logprobs.append(TokenLogprob(req.prompt_ids[position], logprob, top))
 
     def _stop_reason(self, req: Req, token: int) -> str | None:
         params, generated = req.params, len(req.output_ids)

@@ -78,7 +78,10 @@ async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, p
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if stop:
         codec.require("stop", "stop strings are matched on text; use stop_token_ids")
-    return GenerateRequest(prompts, [text for _, _, text in encoded], params, stop, body.n, body.seed)
+    texts = [text for _, _, text in encoded]
+    if body.wants_prompt_text() and codec.tokenizer is not None:
+        texts = [text if text is not None else await codec.decode(ids) for text, ids in zip(texts, prompts)]
+    return GenerateRequest(prompts, texts, params, stop, body.n, body.seed)
 
 
 @contextmanager

@@ -20,7 +20,7 @@ from minisgl.server.boundary import GenerateRequest, PromptInput, prepare
 from minisgl.server.engine_client import RequestFailed, Sequence
 from minisgl.server.errors import ApiError, error_responses
 from minisgl.server.ipc import TextOutput
-from minisgl.server.protocol import PromptTokensDetails, SamplingFields, Usage
+from minisgl.server.protocol import LogprobEntry, PromptTokensDetails, SamplingFields, Usage
 from minisgl.server.state import ServerState
 
 logger = logging.getLogger("minisgl.api")
@@ -28,17 +28,21 @@ logger = logging.getLogger("minisgl.api")
 
 class Choice:
     """One generated sequence (prompt p, sample i) and what it has produced so far; `prompt_text` is
-    the text its prompt was made of (None for token ids)."""
+    the text its prompt was made of (None for token ids, unless the answer shows it)."""
 
-    def __init__(self, index: int, prompt: int, seq: Sequence, prompt_text: str | None = None):
-        self.index, self.prompt, self.seq, self.prompt_text = index, prompt, seq, prompt_text
+    def __init__(self, index: int, prompt: int, seq: Sequence, prompt_ids: list[int], prompt_text: str | None):
+        self.index, self.prompt, self.seq = index, prompt, seq
+        self.prompt_ids, self.prompt_text = prompt_ids, prompt_text
         self.text, self.logprobs, self.token_ids, self.finish = "", [], [], None
+        self.prompt_logprobs: list[LogprobEntry] | None = None  # prompt tokens 1.., when asked for
 
     def add(self, out: TextOutput) -> None:
         self.text += out.text
         self.logprobs += out.logprobs
         self.token_ids += out.new_ids
         self.finish = out.finish_reason or self.finish
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
 
 
 async def respond(request: Request, state: ServerState, body: SamplingFields, prompt: PromptInput, prompts: int,
@@ -68,7 +72,8 @@ async def start(state: ServerState, body: SamplingFields, prompt: PromptInput, p
             for i in range(gen.n):
                 index = p * gen.n + i
                 seed = gen.seed + index if gen.seed is not None else random.getrandbits(63)
-                choices.append(Choice(index, p, client.submit(ids, gen.params, gen.stop, seed), gen.prompt_texts[p]))
+                choices.append(Choice(index, p, client.submit(ids, gen.params, gen.stop, seed), ids,
+                                      gen.prompt_texts[p]))
     finally:
         state.preparing -= 1
         client.release(sequences - len(choices))

@@ -144,6 +144,10 @@ class SamplingFields(StrictRequest):
         spells differently, that spelling (errors name what the client sent)."""
         raise NotImplementedError
 
+    def wants_prompt_text(self) -> bool:
+        """The answer shows the prompt as text (echo): token-id prompts are decoded for it."""
+        return False
+
     def shared_sampling(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in (
             "temperature", "top_p", "min_p", "min_tokens", "ignore_eos", "stop_token_ids", "seed",
@@ -223,8 +227,8 @@ class ChatLogprobs(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]  # None: an echoed prompt's first token
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 
@@ -240,11 +244,13 @@ def chat_logprobs(entries: list[LogprobEntry]) -> ChatLogprobs:
 
 
 def completion_logprobs(entries: list[LogprobEntry], text_offset_start: int = 0) -> CompletionLogprobs:
-    """The legacy completions `logprobs` object; `text_offset` counts characters into the returned text."""
+    """The legacy completions `logprobs` object; `text_offset` counts characters into the returned text.
+    An entry whose logprob is None (an echoed prompt's first token) has None for its top alternatives too."""
     offsets, pos = [], text_offset_start
     for token, _, _ in entries:
         offsets.append(pos)
         pos += len(token)
-    return CompletionLogprobs(tokens=[tok for tok, _, _ in entries], token_logprobs=[_lp(lp) for _, lp, _ in entries],
-                              top_logprobs=[{t: _lp(alt) for t, alt in top} for _, _, top in entries],
-                              text_offset=offsets)
+    return CompletionLogprobs(
+        tokens=[tok for tok, _, _ in entries], token_logprobs=[None if lp is None else _lp(lp) for _, lp, _ in entries],
+        top_logprobs=[None if lp is None else {t: _lp(alt) for t, alt in top} for _, lp, top in entries],
+        text_offset=offsets)

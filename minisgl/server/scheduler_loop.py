@@ -90,8 +90,9 @@ class SchedulerServer:
             if req.finish_reason is None:
                 self.sent[req.rid] = len(req.output_ids)
             self.generated += len(req.output_ids) - start
+            scored = req.prompt_logprobs if start == 0 and req.params.prompt_logprobs is not None else None
             outputs.append(ReqOutput(req.rid, req.output_ids[start:], req.output_logprobs[start:], req.finish_reason,
-                                     len(req.prompt_ids), req.cached_tokens, req.error))
+                                     len(req.prompt_ids), req.cached_tokens, req.error, scored))
         self.scheduler.progressed = []
         self.scheduler.finished.clear()
         if outputs:
