@@ -4,8 +4,10 @@ A schema-valid request must be accepted, except where a JSON schema cannot say i
 refused: a prompt longer than the context (code context_length_exceeded), more sequences (prompts x n)
 than may queue (code too_many_sequences), logit_bias (keys checked against the vocabulary, which a schema
 cannot bound for map keys; and not supported yet), grammars (a JSON schema, regex or EBNF that xgrammar
-cannot follow; two grammars at once), and the rules across fields (min_tokens <= max_tokens, and none with a
-grammar; top_logprobs needs logprobs). Each of those is a 400 that names its reason; any other 400 for
+cannot follow; two grammars at once), tools (a chat template that cannot show them, tool_choice naming a
+function not in tools or set without tools, no --tool-call-parser for auto), a Responses input without a
+message, and the rules across fields (min_tokens <= max_tokens, and none with a grammar; top_logprobs needs
+logprobs). Each of those is a 400 that names its reason; any other 400 for
 schema-valid data fails the run.
 """
 
@@ -15,7 +17,8 @@ import schemathesis
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 REFUSALS_BY_CODE = {"context_length_exceeded", "too_many_sequences"}
-REFUSALS_BY_PARAM = {"min_tokens", "top_logprobs", "logit_bias", "response_format", "regex", "ebnf"}
+REFUSALS_BY_PARAM = {"min_tokens", "top_logprobs", "logit_bias", "response_format", "regex", "ebnf", "tools",
+                     "tool_choice", "input"}
 
 
 @schemathesis.check

@@ -71,10 +71,12 @@ def test_chat_schema_errors_name_the_field():
     assert field_path(e.value.errors()[0]["loc"]) == ["model"]
 
 
-def test_unknown_fields_ignored():
-    req = chat(functions=[], service_tier="auto")
-    assert not hasattr(req, "functions")
-    assert completion(suffix="x").prompts() == ["hi"]
+def test_unknown_fields_are_refused_by_name():
+    assert refused_field(chat, service_tier="auto") == "service_tier"
+    assert refused_field(completion, suffix="x") == "suffix"
+    assert refused_field(chat, messages=[{"role": "user", "content": "hi", "refusal": None}]) == "messages"
+    assert refused_field(chat, stream_options={"include_usage": True, "include_obfuscation": False}) == \
+        "stream_options"
 
 
 @pytest.mark.parametrize("prompt, expected", [

@@ -141,6 +141,22 @@ def test_constrained_and_free_requests_share_batches_with_overlap(llm):
     assert llm.scheduler.overlap and llm.scheduler.in_flight is None and idle(llm)
 
 
+@pytest.mark.parametrize("extreme", [{"repetition_penalty": 5e-324}, {"repetition_penalty": 9.7e307},
+                                     {"temperature": 1.7e308}, {"top_p": 2.2e-309}])
+def test_extreme_settings_leave_the_grammar_a_token(llm, extreme):
+    """Found by schemathesis: settings that are 0 or inf in float32 turned logits into NaN or left every allowed
+    token out; the sampler drew a token the grammar refused."""
+    prompt = [15, 16, 17]
+    email = SamplingParams(**{"temperature": 1.0, "seed": 1, "max_tokens": 30, "frequency_penalty": 1.7,
+                              "presence_penalty": 2.0, **extreme}, constraint=Constraint("regex", EMAIL))
+    [out] = llm.generate([prompt + list(range(30, 200))], email)
+    assert out.finish_reason == "stop" and jsonschema.Draft202012Validator({"pattern": f"^{EMAIL}$"}).is_valid(
+        out.text)
+    empty = SamplingParams(max_tokens=4, constraint=Constraint("regex", ""), **extreme)
+    [out] = llm.generate([prompt], empty)
+    assert out.finish_reason == "stop" and out.token_ids[0] in llm.engine.config.eos_token_ids
+
+
 def test_a_grammar_that_fails_to_compile_fails_its_request_alone(llm):
     broken = SamplingParams(max_tokens=8, constraint=Constraint("regex", "(unclosed"))
     fine = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)

@@ -72,8 +72,10 @@ LogitBias = Annotated[
 
 
 class StrictRequest(BaseModel):
-    # Clients send fields we do not implement (tools, response_format, ...); ignoring them keeps them working.
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+    """Every field a request may have is declared, and honoured or refused: an unknown field is a 400
+    naming it, never silently ignored (a client could not tell that it asked for nothing)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
 
 class StreamOptions(StrictRequest):
@@ -126,7 +128,7 @@ class SamplingFields(StrictRequest):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: LogitBias | None = Field(
         None, description="token id (as a string) -> bias; the ids are checked, a non-empty map is not supported yet")
-    user: Text | None = None
+    user: Text | None = Field(None, description="the end user, written in the request's log line")
     top_k: integer(ge=-1) | None = Field(None, description="-1 or 0: off")
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0)

@@ -16,7 +16,7 @@ from typing import Annotated, Any, AsyncIterator, Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel, Discriminator, Field, Tag
+from pydantic import BaseModel, Discriminator, Field, Tag, WithJsonSchema
 
 from minisgl.server.engine_client import RequestFailed
 from minisgl.server.errors import ApiError, error_responses
@@ -108,7 +108,8 @@ class ResponsesRequest(StrictRequest):
     top_p: float | None = Field(None, gt=0, le=1)
     stream: bool = False
     text: TextConfig | None = Field(None, description="format: text, json_object or json_schema")
-    store: bool | None = Field(None, description="responses are not stored: true is refused")
+    store: Annotated[bool | None, WithJsonSchema({"enum": [False, None]})] = Field(
+        None, description="responses are not stored: true is refused")
     metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(
         None, max_length=16, description="returned with the response")
     user: Text | None = None
