@@ -4,6 +4,7 @@
 #
 #   bash benchmarks/gpu_check.sh [MODEL:WORKLOAD[:FLAGS]] ...
 #   e.g. qwen3-0.6b:w2  qwen3-8b:w1  qwen3-30b-a3b:w2:--tp=2  qwen3-0.6b:w2:--no-overlap,--cuda-graph-max-bs=0
+#   WORKLOAD "structured" runs benchmarks/structured.py (W1 with and without a JSON schema) instead.
 #
 # TESTS=subset (default: the fast-path subset, under 4 minutes on one H200) | all | none.
 # Carry .bench_models (a copy of ../shared/models) for benchmarks and .whl (prepare-wheels.sh) for the
@@ -18,10 +19,11 @@ out=${OUT:-/tmp/minisgl-gpu}; mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 gpus=$(nvidia-smi -L | wc -l)
 
-subset="tests/test_gpu_fast_path.py tests/test_triton_attention.py tests/test_fused_moe.py tests/test_fused_ops.py
-        tests/test_overlap.py tests/test_engine_vs_hf.py tests/test_sampling_e2e.py tests/test_scheduler.py"
+subset="tests/gpu tests/test_triton_attention.py tests/test_fused_moe.py tests/test_fused_ops.py tests/test_overlap.py
+        tests/test_engine_vs_hf.py tests/test_sampling_e2e.py tests/test_scheduler.py tests/test_structured.py
+        tests/test_prompt_logprobs.py"
 case ${TESTS:-subset} in
-  subset) tests=$(for f in $subset; do [ -f "$f" ] && echo "$f"; done) ;;
+  subset) tests=$(for f in $subset; do [ -e "$f" ] && echo "$f"; done) ;;
   all) tests=tests ;;
   *) tests= ;;
 esac
@@ -45,8 +47,12 @@ fi
 
 for spec in "$@"; do
   IFS=: read -r model workload flags <<< "$spec"
-  timeout 420 python3 benchmarks/offline.py --config ".bench_models/$model.json" --workload "$workload" \
-    ${flags//,/ } >> "$out/bench.log" 2>&1
+  if [ "$workload" = structured ]; then
+    timeout 420 python3 benchmarks/structured.py --config ".bench_models/$model.json" >> "$out/bench.log" 2>&1
+  else
+    timeout 420 python3 benchmarks/offline.py --config ".bench_models/$model.json" --workload "$workload" \
+      ${flags//,/ } >> "$out/bench.log" 2>&1
+  fi
   tail -1 "$out/bench.log" | grep '^{' >> "$out/bench.jsonl" || echo "{\"model\": \"$model\", \"workload\": \
 \"$workload\", \"flags\": \"$flags\", \"error\": \"see bench.log\"}" >> "$out/bench.jsonl"
 done

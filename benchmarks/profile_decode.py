@@ -2,11 +2,14 @@
 
     python benchmarks/profile_decode.py --config .bench_models/qwen3-0.6b.json --batch 1 256 --context 800
     python benchmarks/profile_decode.py --config .bench_models/qwen3-0.6b.json --workload w3
+    python benchmarks/profile_decode.py --config .bench_models/qwen3-30b-a3b.json --workload w1
 
 decode: for each batch size, the top kernels of a few decode steps run eagerly (so the profiler sees
 every kernel; a kernel takes the same time inside a CUDA graph), then the wall time per step of the
 real engine (CUDA graphs, overlap) over the same steps: the gap between the two is host overhead.
 w3: the shared-prefix workload of offline.py under cProfile (host hot spots) and the kernel profiler.
+w1: the throughput workload of offline.py under the kernel profiler alone (kernels in CUDA graphs included):
+where a whole W1 run spends its GPU time, and how much of the wall time the GPU is busy.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import random
 import time
 
 import torch
-from offline import model_dir, w3
+from offline import model_dir, w1, w3
 
 from minisgl import LLM, SamplingParams
 from minisgl.core import Req
@@ -60,13 +63,19 @@ def decode_steps(llm: LLM, prompts: list[list[int]], steps: int, profile: bool, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True)
-    parser.add_argument("--workload", choices=["decode", "w3"], default="decode")
+    parser.add_argument("--workload", choices=["decode", "w1", "w3"], default="decode")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 256])
     parser.add_argument("--context", type=int, default=800)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--top", type=int, default=16)
     args = parser.parse_args()
     common = dict(dtype="bfloat16", dummy_weights=True, max_seq_len=4096, max_prefill_tokens=16384)
+    if args.workload == "w1":
+        llm = LLM(model_dir(args.config), max_running_requests=256, **common)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            print(w1(llm))
+        top_kernels(prof, 1, args.top)
+        return
     if args.workload == "w3":
         llm = LLM(model_dir(args.config), **common)
         w3(llm)  # warm-up: compiles, captures, caches

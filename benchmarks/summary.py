@@ -33,6 +33,8 @@ def row(r: dict) -> tuple[str, str, str, str]:
     if wl == "W3":
         vllm = f"{r['seconds'] / peer:.2f}x time" if peer and r["cache"] == "radix" else ""
         return name, f"W3 {r['cache']}", f"{r['seconds']} s", vllm
+    if wl == "W1-structured":
+        return name, wl, f"{r['json_schema_tok_s']:,} vs {r['free_tok_s']:,} tok/s free", f"{r['ratio']}x"
     return name, wl, " ".join(f"{k[:-3]}={v}ms" for k, v in r.items() if k.endswith("_ms")), ""
 
 

@@ -5,6 +5,19 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
+from typing import Literal
+
+ConstraintKind = Literal["json_schema", "json_object", "regex", "ebnf"]
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A grammar the output must match (structured outputs): a JSON schema (as JSON text), any JSON
+    object (`spec` empty), a regular expression, or an EBNF grammar (xgrammar's dialect). Plain text,
+    so that it pickles cheaply to every scheduler rank and keys the compiled-grammar cache."""
+
+    kind: ConstraintKind
+    spec: str = ""
 
 
 @dataclass
@@ -13,7 +26,9 @@ class SamplingParams:
 
     temperature 0 means greedy. `seed` makes sampling reproducible whatever else shares the batch.
     `logprobs` = N returns the chosen token's log-probability plus the top N alternatives
-    (None: no logprobs at all).
+    (None: no logprobs at all); `prompt_logprobs` = N the same for every prompt token but the first
+    (its prefill then skips the prefix cache: cached tokens have no logits). `constraint` restricts
+    every sampled token to those its grammar allows.
     """
 
     temperature: float = 1.0
@@ -29,6 +44,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, rule: str) -> None:
@@ -58,8 +75,13 @@ class SamplingParams:
         check(finite("presence_penalty") and -2 <= self.presence_penalty <= 2, "presence_penalty", "in [-2, 2]")
         check(finite("frequency_penalty") and -2 <= self.frequency_penalty <= 2, "frequency_penalty", "in [-2, 2]")
         check(finite("repetition_penalty") and self.repetition_penalty > 0, "repetition_penalty", "a number > 0")
-        check(self.logprobs is None or (whole("logprobs") and 0 <= self.logprobs <= 20), "logprobs",
-              "None or an integer in [0, 20]")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            check(value is None or (whole(name) and 0 <= value <= 20), name, "None or an integer in [0, 20]")
+        check(self.constraint is None or isinstance(self.constraint, Constraint), "constraint",
+              "None or a Constraint")
+        check(self.constraint is None or self.min_tokens == 0, "min_tokens",
+              "0 with a constraint (the grammar alone decides where the output may end)")
         self.stop_token_ids = list(self.stop_token_ids)
 
     @property
@@ -142,6 +164,7 @@ class Req:
     seed: int  # resolved seed (random when the user gave none), identical on every TP rank
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # prompt tokens 1.. (with prompt_logprobs)
     status: ReqStatus = ReqStatus.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     error: str | None = None  # set (with finish_reason "abort") when handling this request raised
@@ -151,6 +174,11 @@ class Req:
     in_flight: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (best over admissions)
     cache_handle: object = None  # the prefix-cache node locked for this request
+
+    @property
+    def scores_prompt(self) -> bool:
+        """It asked for prompt logprobs and some are still to compute."""
+        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_ids) - 1
 
     @property
     def all_ids(self) -> list[int]:
@@ -183,7 +211,9 @@ class Batch:
     kv_lens: list[int]
     extend_lens: list[int]
     sampled: list[int]
+    # (request index, first position, count): prompt positions whose next token's logprob is asked for
+    scored: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def is_decode(self) -> bool:
-        return all(n == 1 for n in self.extend_lens)
+        return all(n == 1 for n in self.extend_lens) and not self.scored

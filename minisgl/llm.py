@@ -31,6 +31,7 @@ class RequestOutput:
     prompt_tokens: int
     cached_tokens: int
     logprobs: list[TokenLogprob] | None
+    prompt_logprobs: list[TokenLogprob] | None  # prompt tokens 1.. (the first has nothing before it)
 
 
 def has_tokenizer(path: Path) -> bool:
@@ -103,7 +104,8 @@ class LLM:
     def _output(self, req: Req) -> RequestOutput:
         text = self.tokenizer.decode(req.output_ids, skip_special_tokens=True) if self.tokenizer else None
         return RequestOutput(list(req.output_ids), text, req.finish_reason, len(req.prompt_ids), req.cached_tokens,
-                             req.output_logprobs if req.params.logprobs is not None else None)
+                             req.output_logprobs if req.params.logprobs is not None else None,
+                             req.prompt_logprobs if req.params.prompt_logprobs is not None else None)
 
     def stats(self) -> dict:
         return self.scheduler.stats()

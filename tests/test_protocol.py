@@ -73,10 +73,12 @@ def test_chat_schema_errors_name_the_field():
     assert ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}]}).model is None
 
 
-def test_unknown_fields_ignored():
-    req = chat(tools=[], parallel_tool_calls=True, response_format={"type": "text"})
-    assert not hasattr(req, "tools")
-    assert completion(suffix="x").prompts() == ["hi"]
+def test_unknown_fields_are_refused_by_name():
+    assert refused_field(chat, service_tier="auto") == "service_tier"
+    assert refused_field(completion, suffix="x") == "suffix"
+    assert refused_field(chat, messages=[{"role": "user", "content": "hi", "refusal": None}]) == "messages"
+    assert refused_field(chat, stream_options={"include_usage": True, "include_obfuscation": False}) == \
+        "stream_options"
 
 
 @pytest.mark.parametrize("prompt, expected", [
@@ -106,7 +108,7 @@ def test_completion_defaults():
     ("max_tokens", True), ("max_tokens", "3"), ("max_tokens", 3.5), ("n", "1"), ("n", True), ("temperature", "0.5"),
     ("temperature", True), ("stream", "no"), ("stream", 0), ("ignore_eos", 1), ("seed", "7"), ("top_k", 2.5),
     ("stop_token_ids", [1, True]), ("stop_token_ids", ["1"]), ("logit_bias", {"1": "5"}), ("echo", 0),
-    ("echo", True), ("temperature", float("nan")), ("top_p", float("inf")), ("user", 5), ("stop", 3),
+    ("temperature", float("nan")), ("top_p", float("inf")), ("user", 5), ("stop", 3),
 ])
 def test_wrong_types_are_refused_not_coerced(field, value):
     assert refused_field(completion, **{field: value}) == field
@@ -156,7 +158,6 @@ def test_lone_surrogates_are_refused_naming_the_field(make, fields, field):
     (completion, {"logprobs": 21}, "logprobs"),
     (completion, {"max_tokens": 0}, "max_tokens"),
     (completion, {"temperature": -1}, "temperature"),
-    (completion, {"echo": True}, "echo"),
 ])
 def test_ranges_are_refused_naming_the_field(make, fields, param):
     assert refused_field(make, **fields) == param

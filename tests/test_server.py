@@ -153,7 +153,6 @@ BAD_REQUESTS = [  # (path, body or raw bytes, status, param)
     ("/v1/completions", {"model": "tiny", "prompt": []}, 400, "prompt"),
     ("/v1/completions", {"model": "tiny", "prompt": [1, 2, 10**7]}, 400, "prompt"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "temperature": "hot"}, 400, "temperature"),
-    ("/v1/completions", {"model": "tiny", "prompt": "x", "echo": True}, 400, "echo"),
     ("/detokenize", {"tokens": [-1]}, 400, "tokens"),
     ("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages"),
     ("/tokenize", {"prompt": 5}, 400, "prompt"),

@@ -87,3 +87,13 @@ def test_config_json_alone_with_dummy_weights(tiny_models, tmp_path):
         assert [len(c["token_ids"]) for c in choices] == [5, 5] and all(c["finish_reason"] == "length" for c in choices)
     finally:
         assert srv.stop() == 0
+
+
+def test_echo_returns_the_prompt_ids_and_their_logprobs(client):
+    prompt = random_prompts([9], 400, seed=5)[0]
+    out = client.completions.create(model="tiny", prompt=prompt, max_tokens=3, temperature=0, logprobs=1, echo=True,
+                                    extra_body={"ignore_eos": True})
+    choice = out.choices[0]
+    assert choice.token_ids[:9] == prompt and len(choice.token_ids) == 12 and choice.text == ""
+    assert choice.logprobs.tokens[:9] == [f"token_id:{t}" for t in prompt]
+    assert choice.logprobs.token_logprobs[0] is None and all(lp < 0 for lp in choice.logprobs.token_logprobs[1:])

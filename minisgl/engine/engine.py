@@ -28,6 +28,7 @@ from minisgl.models import load_model, resolve_model_path
 logger = logging.getLogger(__name__)
 
 CPU_KV_BUDGET = 256 << 20  # bytes of KV pool on a CPU when num_pages is not given
+PROMPT_SCORE_ROWS = 256  # prompt positions scored at once: bounds the [rows, vocab] float32 logits
 
 
 def resolve_device(name: str, rank: int) -> torch.device:
@@ -50,25 +51,40 @@ def backend_names(spec: str, device: torch.device) -> tuple[str, str]:
 
 
 @dataclass
+class PromptScores:
+    """Log-probabilities of prompt tokens `first + 1 .. first + len(logprobs)` of request `index` in the
+    batch (each predicted by the position before it), with the top alternatives at each position."""
+
+    index: int
+    first: int
+    logprobs: list[float]
+    top_ids: list[list[int]]
+    top_logprobs: list[list[float]]
+
+
+@dataclass
 class StepResult:
-    """Host copies of what one step sampled, in the order of `Batch.sampled`."""
+    """Host copies of what one step sampled, in the order of `Batch.sampled`, and its prompt scores."""
 
     token_ids: list[int]
     logprobs: list[float] | None
     top_ids: list[list[int]] | None
     top_logprobs: list[list[float]] | None
+    prompt: list[PromptScores]
 
 
 class LaunchedStep:
     """A step enqueued on the device; `result()` waits for its device->host copy only."""
 
-    def __init__(self, batch: Batch, host: list[torch.Tensor | None], done: torch.cuda.Event | None):
-        self.batch, self._host, self._done = batch, host, done
+    def __init__(self, batch: Batch, host: list[torch.Tensor | None], done: torch.cuda.Event | None,
+                 prompt: list[tuple[int, int, list[torch.Tensor]]] = ()):
+        self.batch, self._host, self._done, self._prompt = batch, host, done, prompt
 
     def result(self) -> StepResult:
         if self._done is not None:
             self._done.synchronize()
-        return StepResult(*(t.tolist() if t is not None else None for t in self._host))
+        prompt = [PromptScores(index, first, *(t.tolist() for t in tensors)) for index, first, tensors in self._prompt]
+        return StepResult(*(t.tolist() if t is not None else None for t in self._host), prompt)
 
 
 class Engine:
@@ -173,47 +189,75 @@ class Engine:
 
     # ---- forward --------------------------------------------------------------------------------
 
-    def _logits(self, inputs: ForwardInput, backend) -> torch.Tensor:
+    def _hidden(self, inputs: ForwardInput, backend) -> torch.Tensor:
         meta = backend.prepare(inputs)
-        hidden = self.model(inputs.input_ids, inputs.positions,
-                            lambda layer, q, k, v: backend.forward(layer, q, k, v, meta))
-        return self.model.compute_logits(hidden[inputs.last_index])
+        return self.model(inputs.input_ids, inputs.positions,
+                          lambda layer, q, k, v: backend.forward(layer, q, k, v, meta))
+
+    def _logits(self, inputs: ForwardInput, backend) -> torch.Tensor:
+        return self.model.compute_logits(self._hidden(inputs, backend)[inputs.last_index])
 
     def _decode_logits(self, rows: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor:
         """What a decode graph captures: inputs from the tables, the model, the logits."""
         return self._logits(self.decode_input(rows, kv_lens, self.max_seq_len), self.decode_backend)
 
     @torch.inference_mode()
-    def forward(self, batch: Batch) -> torch.Tensor:
-        """Logits [B, vocab] at each request's last new token."""
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, list[tuple[int, int, list[torch.Tensor]]]]:
+        """Logits [B, vocab] at each request's last new token, and the scores of `batch.scored`."""
         if batch.is_decode:
             kv = batch.kv_lens
             if self.graphs is not None and len(kv) <= self.graphs.max_bs:
-                return self.graphs.replay([r.row for r in batch.reqs], kv)
+                return self.graphs.replay([r.row for r in batch.reqs], kv), []
             meta = torch.tensor([[r.row for r in batch.reqs], kv]).to(self.device, non_blocking=True)
-            return self._logits(self.decode_input(meta[0], meta[1], max(kv) + 1), self.decode_backend)
-        return self._logits(self.extend_input(batch), self.prefill_backend)
+            return self._logits(self.decode_input(meta[0], meta[1], max(kv) + 1), self.decode_backend), []
+        inputs = self.extend_input(batch)
+        hidden = self._hidden(inputs, self.prefill_backend)
+        return self.model.compute_logits(hidden[inputs.last_index]), self._score_prompts(batch, hidden)
+
+    def _score_prompts(self, batch: Batch, hidden: torch.Tensor) -> list[tuple[int, int, list[torch.Tensor]]]:
+        """For each (request, first, count) of batch.scored: the log-probability of prompt tokens first+1 ..
+        first+count, and the top-N alternatives, from the hidden states of the positions before them. One
+        computation for any front that asks for prompt logprobs (echo, vLLM's prompt_logprobs)."""
+        scores = []
+        for index, first, count in batch.scored:
+            req = batch.reqs[index]
+            start = sum(batch.extend_lens[:index]) + first - batch.kv_lens[index]  # hidden row of `first`
+            targets = torch.tensor(req.prompt_ids[first + 1: first + 1 + count]).to(self.device, non_blocking=True)
+            parts = []
+            for at in range(0, count, PROMPT_SCORE_ROWS):
+                rows = slice(start + at, start + min(count, at + PROMPT_SCORE_ROWS))
+                logprobs = torch.log_softmax(self.model.compute_logits(hidden[rows]).float(), -1)
+                top = logprobs.topk(req.params.prompt_logprobs, -1)
+                parts.append((logprobs.gather(-1, targets[at: at + PROMPT_SCORE_ROWS, None])[:, 0], top.indices,
+                              top.values))
+            scores.append((index, first, [torch.cat(column).to("cpu", non_blocking=True) for column in zip(*parts)]))
+        return scores
 
     @torch.inference_mode()
-    def launch(self, batch: Batch) -> LaunchedStep:
+    def launch(self, batch: Batch, bitmask: torch.Tensor | None = None) -> LaunchedStep:
         """Enqueue the forward pass and sampling; sampled tokens go into the token table on the device
-        and into pinned host memory, which `LaunchedStep.result()` waits for."""
-        logits = self.forward(batch)
+        and into pinned host memory, which `LaunchedStep.result()` waits for. `bitmask` (host, one row
+        per sampled request) holds the tokens their grammars allow."""
+        logits, prompt = self.forward(batch)
         picked = batch.sampled
         if not picked:
-            return LaunchedStep(batch, [torch.zeros(0, dtype=torch.int64), None, None, None], None)
+            return LaunchedStep(batch, [torch.zeros(0, dtype=torch.int64), None, None, None], self._done(), prompt)
         reqs = [batch.reqs[i] for i in picked]
         if len(picked) < len(batch.reqs):
             logits = logits[torch.tensor(picked).to(self.device, non_blocking=True)]
         top_n = max((r.params.logprobs for r in reqs if r.params.logprobs is not None), default=None)
         where = torch.tensor([[r.row for r in reqs], [batch.kv_lens[i] + batch.extend_lens[i] for i in picked]])
         rows, next_pos = where.to(self.device, non_blocking=True)
-        out = self.sampler.sample(logits, rows, top_n)
+        out = self.sampler.sample(logits, rows, top_n, bitmask)
         self.token_table[rows, next_pos] = out.token_ids.int()
         host = [t.to("cpu", non_blocking=True) if t is not None else None
                 for t in (out.token_ids, out.logprobs, out.top_ids, out.top_logprobs)]
-        done = None
-        if self.device.type == "cuda":
-            done = torch.cuda.Event()
-            done.record()
-        return LaunchedStep(batch, host, done)
+        return LaunchedStep(batch, host, self._done(), prompt)
+
+    def _done(self) -> torch.cuda.Event | None:
+        """An event after everything enqueued so far (device->host copies included); None on the CPU."""
+        if self.device.type != "cuda":
+            return None
+        done = torch.cuda.Event()
+        done.record()
+        return done

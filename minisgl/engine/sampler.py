@@ -6,7 +6,8 @@ For every row of a logits batch, in this order:
    the output (positive logits are divided by p, negative ones multiplied by p); then
    `frequency_penalty * count_in_output` and `presence_penalty * (count_in_output > 0)` are subtracted.
 3. min_tokens: while the row has generated fewer than min_tokens tokens, its banned ids (EOS ids and
-   stop_token_ids) get -inf.
+   stop_token_ids) get -inf. Grammar: tokens the row's bitmask leaves out get -inf too (structured
+   outputs); after the penalties, which could turn a -inf into NaN (times a penalty that is 0 in float32).
 4. Greedy rows (temperature 0, or top_k 1) take the argmax of the processed logits.
 5. Other rows: softmax(logits / temperature); top-k keeps the k most likely tokens; top-p, over the
    distribution renormalised after top-k, keeps the smallest set of most likely tokens whose mass
@@ -27,10 +28,18 @@ from dataclasses import dataclass
 
 import torch
 
+from minisgl.constrained import apply_bitmask
 from minisgl.core import SamplingParams
 from minisgl.kernels import use_triton
 
 _M32 = 0xFFFFFFFF
+# Settings are kept in float32, where extreme values (valid requests) would make logits +-inf or NaN and
+# leave a row, a grammar-constrained one above all, drawing a token nothing allows: a repetition penalty
+# past 1e6 (or below 1e-6), a temperature past 1e6 (-inf / inf is NaN) act as those (their effect is
+# saturated long before), and a top_p below float32's smallest normal as that one (0 would cut every token).
+REPETITION_LIMIT = 1e6
+TEMPERATURE_LIMIT = 1e6
+TOP_P_FLOOR = torch.finfo(torch.float32).tiny
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:
@@ -80,8 +89,9 @@ class Sampler:
         p, vocab = params, self.vocab_size
         top_k = vocab if p.top_k == -1 else min(p.top_k, vocab)
         min_tokens = p.min_tokens if min_tokens_banned else 0  # 0 keeps a stale ban row inert
-        self.floats[row] = torch.tensor([p.temperature, p.top_p, p.min_p, p.presence_penalty,
-                                         p.frequency_penalty, p.repetition_penalty])
+        repetition = min(max(p.repetition_penalty, 1 / REPETITION_LIMIT), REPETITION_LIMIT)
+        self.floats[row] = torch.tensor([min(p.temperature, TEMPERATURE_LIMIT), max(p.top_p, TOP_P_FLOOR), p.min_p,
+                                         p.presence_penalty, p.frequency_penalty, repetition])
         self.ints[row] = torch.tensor([top_k, min_tokens, seed & _M32, (seed >> 32) & _M32])
         self.generated[row] = len(output_ids)
         (self._random.add if not p.greedy else self._random.discard)(row)
@@ -147,10 +157,14 @@ class Sampler:
         cut = (before >= top_p * sorted_p.sum(-1, keepdim=True) * (1 - 1e-6)) & (top_p < 1) & (rank > 0)
         return torch.zeros_like(probs).scatter_(-1, order, sorted_p.masked_fill(cut, 0))
 
-    def sample(self, logits: torch.Tensor, rows: torch.Tensor, top_n: int | None = None) -> SampleOutput:
-        """Sample one token for each row of logits [B, V] (V == vocab_size), then advance the rows."""
+    def sample(self, logits: torch.Tensor, rows: torch.Tensor, top_n: int | None = None,
+               bitmask: torch.Tensor | None = None) -> SampleOutput:
+        """Sample one token for each row of logits [B, V] (V == vocab_size), then advance the rows;
+        `bitmask` [B, ceil(V/32)] int32 allows each row's tokens (step 3; it may change `logits`)."""
         logprobs = torch.log_softmax(logits.float(), -1) if top_n is not None else None
         processed = self.process_logits(logits, rows)
+        if bitmask is not None:
+            apply_bitmask(processed, bitmask)
         if self._random and not (self._sorting or self._min_p) and use_triton(processed):
             tokens = self._race_fused(processed, rows)
         else:

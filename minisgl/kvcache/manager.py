@@ -33,11 +33,12 @@ class KVCacheManager:
     def pages_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
 
-    def admit(self, req: Req) -> None:
-        """Give `req` a table row and the longest cached prefix of its tokens (locked while it runs).
+    def admit(self, req: Req, match: bool = True) -> None:
+        """Give `req` a table row and the longest cached prefix of its tokens (locked while it runs; none
+        without `match`: a request that needs logits at every prompt position computes them all).
 
         At least one token is always left to compute, since its logits are what we sample from."""
-        handle, pages = self.cache.match(req.all_ids[: req.seq_len - 1])
+        handle, pages = self.cache.match(req.all_ids[: req.seq_len - 1] if match else [])
         self.cache.lock(handle)
         req.row = self.free_rows.pop()
         req.cache_handle, req.pages = handle, list(pages)

@@ -1,5 +1,5 @@
 """Continuous-batching scheduler (one per TP rank) and the messages it takes."""
 
-from minisgl.scheduler.scheduler import AbortReq, AddReq, Scheduler, Shutdown
+from minisgl.scheduler.scheduler import AbortReq, AddReq, GrammarReady, Scheduler, Shutdown
 
-__all__ = ["AbortReq", "AddReq", "Scheduler", "Shutdown"]
+__all__ = ["AbortReq", "AddReq", "GrammarReady", "Scheduler", "Shutdown"]

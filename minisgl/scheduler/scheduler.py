@@ -10,6 +10,11 @@ computes one token for nothing; a request aborted, failed or retracted while its
 frees its pages at once (any later step that reuses them runs after step N on the same stream), and
 its late token is committed or dropped when step N-1 is read; only tokens the host knows enter the
 prefix cache.
+
+A constrained request (structured outputs) waits aside while its grammar compiles in the background,
+joins the waiting queue when rank 0 reports it compiled, and has its matcher advanced with every token
+committed. Its mask for the next step needs its last token, so while any admitted request is
+constrained each step is read before the next is launched (no overlap for those steps).
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 
+from minisgl.constrained import Grammars
 from minisgl.core import Batch, Req, ReqStatus, TokenLogprob
 from minisgl.distributed import TPGroup
-from minisgl.engine.engine import Engine, LaunchedStep, StepResult
+from minisgl.engine.engine import Engine, LaunchedStep, PromptScores, StepResult
 from minisgl.kvcache import KVCacheManager, make_prefix_cache
 
 logger = logging.getLogger(__name__)
@@ -41,6 +47,13 @@ class Shutdown:
     pass
 
 
+@dataclass
+class GrammarReady:
+    """Rank 0 to every rank: this request's grammar compilation has ended; admit it (or fail it)."""
+
+    rid: int
+
+
 class Scheduler:
     def __init__(self, engine: Engine, tp: TPGroup):
         args = engine.args
@@ -52,6 +65,8 @@ class Scheduler:
         self.kv = KVCacheManager(engine.num_pages, args.page_size, make_prefix_cache(args.cache_type, args.page_size),
                                  engine.page_table, args.max_running_requests)
         self.waiting: deque[Req] = deque()
+        self.compiling: list[Req] = []  # constrained requests whose grammar is not compiled yet
+        self.grammars: Grammars | None = None  # made with the first constrained request
         self.running: list[Req] = []  # admission order: the last one is the cheapest to retract
         self.reqs: dict[int, Req] = {}
         self.in_flight: LaunchedStep | None = None  # launched, results not read yet (overlap only)
@@ -65,15 +80,42 @@ class Scheduler:
     # ---- messages -------------------------------------------------------------------------------
 
     def sync_and_apply(self, messages: list | None) -> None:
-        """Rank 0 passes its new messages; every rank gets and applies the same list."""
+        """Rank 0 passes its new messages (plus the grammars it saw compiled); every rank gets and
+        applies the same list."""
+        if self.tp.is_leader and self.compiling:
+            messages = [*(messages or []), *(GrammarReady(rid) for rid in self.grammars.ready())]
         for msg in self.tp.broadcast_objects(messages):
             if isinstance(msg, AddReq):
-                self.reqs[msg.req.rid] = msg.req
-                self.waiting.append(msg.req)
+                self._add(msg.req)
+            elif isinstance(msg, GrammarReady):
+                self._grammar_ready(msg.rid)
             elif isinstance(msg, AbortReq):
                 self.abort(msg.rid)
             elif isinstance(msg, Shutdown):
                 self.shutdown = True
+
+    def _add(self, req: Req) -> None:
+        self.reqs[req.rid] = req
+        constraint = req.params.constraint
+        if constraint is None:
+            self.waiting.append(req)
+            return
+        if self.grammars is None:
+            self.grammars = Grammars(str(self.engine.model_path), self.engine.config.vocab_size, sorted(self.eos_ids))
+        self.grammars.start(req.rid, constraint)
+        self.compiling.append(req)
+
+    def _grammar_ready(self, rid: int) -> None:
+        req = self.reqs.get(rid)
+        if req is None or req not in self.compiling:  # aborted meanwhile
+            return
+        self.compiling.remove(req)
+        try:
+            self.grammars.activate(rid)
+        except Exception as exc:
+            self._fail(req, exc)
+            return
+        self.waiting.append(req)
 
     def abort(self, rid: int) -> None:
         req = self.reqs.get(rid)
@@ -89,15 +131,30 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
+        return bool(self.can_step or self.compiling)
+
+    @property
+    def can_step(self) -> bool:
+        """There is a batch to launch or a step to read (grammars compiling alone are not that)."""
         return bool(self.waiting or self.running or self.in_flight)
+
+    @property
+    def constrained(self) -> bool:
+        """Some admitted request has a grammar: its next mask needs its last token."""
+        return bool(self.grammars and self.grammars.matchers)
 
     # ---- one step -------------------------------------------------------------------------------
 
     def step(self) -> None:
-        """Launch the next batch, then read the previous one (overlap) or this one (no overlap)."""
+        """Launch the next batch, then read the previous one (overlap) or this one (no overlap, or a
+        constrained request admitted: its matcher must see step N's token before step N+1's mask)."""
         self.progressed = []
+        overlap = self.overlap and not self.constrained
+        if not overlap and self.in_flight is not None:
+            launched, self.in_flight = self.in_flight, None
+            self._commit(launched)
         launched = self._launch()
-        if self.overlap:
+        if overlap:
             launched, self.in_flight = self.in_flight, launched
         if launched is not None:
             self._commit(launched)
@@ -111,7 +168,8 @@ class Scheduler:
         for i in batch.sampled:
             batch.reqs[i].in_flight += 1
         self.kv.flush()
-        return self.engine.launch(batch)
+        mask = self.grammars.bitmask([batch.reqs[i].rid for i in batch.sampled]) if self.constrained else None
+        return self.engine.launch(batch, mask)
 
     def _prefill_batch(self) -> Batch | None:
         """Requests with more than their last token to compute, in order, within the token budget:
@@ -144,12 +202,18 @@ class Scheduler:
             reqs.append(req)
             lens.append(n)
             budget -= n
-        return self._batch(reqs, lens) if reqs else None
+        if not reqs:
+            return None
+        batch = self._batch(reqs, lens)
+        batch.scored = [(i, kv, min(kv + n, len(r.prompt_ids) - 1) - kv)
+                        for i, (r, kv, n) in enumerate(zip(reqs, batch.kv_lens, lens))
+                        if r.scores_prompt and kv < len(r.prompt_ids) - 1]
+        return batch
 
     def _admit(self, req: Req, budget: int) -> int | None:
         """Move the first waiting request into running with pages for its first chunk; returns the
         chunk's length, None when it must wait for pages, 0 when it can never fit (finished)."""
-        self.kv.admit(req)
+        self.kv.admit(req, match=not req.scores_prompt)
         n = min(req.seq_len - req.kv_len, budget)
         # Leave a page per running request, so the next decode step does not have to retract.
         need = self.kv.pages_for(req.kv_len + n) - len(req.pages)
@@ -222,6 +286,8 @@ class Scheduler:
     def _commit(self, step: LaunchedStep) -> None:
         """Append the step's sampled tokens and finish the requests they end."""
         result, batch = step.result(), step.batch
+        for scores in result.prompt:
+            self._record_prompt_scores(batch.reqs[scores.index], scores)
         for j, i in enumerate(batch.sampled):
             req = batch.reqs[i]
             req.in_flight -= 1
@@ -244,7 +310,19 @@ class Scheduler:
             n = req.params.logprobs
             req.output_logprobs.append(TokenLogprob(token, result.logprobs[j],
                                                     list(zip(result.top_ids[j][:n], result.top_logprobs[j][:n]))))
+        if req.params.constraint is not None and self.grammars.accept(req.rid, token):
+            return "stop"  # the grammar is complete and took its end token
         return self._stop_reason(req, token)
+
+    @staticmethod
+    def _record_prompt_scores(req: Req, scores: PromptScores) -> None:
+        """Keep the prompt logprobs of positions not recorded yet (a request retracted while it scored its
+        prompt computes them again)."""
+        for j, logprob in enumerate(scores.logprobs):
+            position = scores.first + 1 + j
+            if position == len(req.prompt_logprobs) + 1:
+                top = list(zip(scores.top_ids[j], scores.top_logprobs[j]))
+                req.prompt_logprobs.append(TokenLogprob(req.prompt_ids[position], logprob, top))
 
     def _stop_reason(self, req: Req, token: int) -> str | None:
         params, generated = req.params, len(req.output_ids)
@@ -268,6 +346,10 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+        elif req in self.compiling:
+            self.compiling.remove(req)
+        if req.params.constraint is not None:
+            self.grammars.release(req.rid)
         self._release(req)
         req.status, req.finish_reason = ReqStatus.FINISHED, reason
         del self.reqs[req.rid]

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from minisgl.engine.config import EngineArgs
 from minisgl.server.metrics import NAMINGS
+from minisgl.server.parsers.reasoning import REASONING_PARSERS
+from minisgl.server.parsers.tools import TOOL_CALL_PARSERS
 
 
 @dataclass
@@ -25,6 +27,8 @@ class ServerArgs:
     log_level: str
     skip_tokenizer_init: bool
     metrics_naming: str = "sglang"
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024  # a 128k-token prompt as text is ~0.5 MB, as token ids ~1 MB
@@ -88,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--disable-overlap-schedule", action="store_true",
                         help="run each step to completion before scheduling the next (overlap is on by default)")
 
+    outputs = p.add_argument_group("outputs")
+    outputs.add_argument("--tool-call-parser", choices=sorted(TOOL_CALL_PARSERS),
+                         help="how the model writes tool calls, for tool_choice auto: hermes (= qwen, qwen25: "
+                              "<tool_call> blocks) or llama3 (JSON); without it only forced calls are served")
+    outputs.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS),
+                         help="move the model's <think>...</think> into reasoning_content (qwen3, deepseek-r1)")
+
     server = p.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 in containers)")
     server.add_argument("--port", type=int, default=1919)
@@ -138,4 +149,4 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         parser.error(str(exc))
     return ServerArgs(engine, a.host, a.port, a.served_model_name or a.model, a.api_key, a.max_queued_requests,
                       a.max_request_bytes, a.shutdown_timeout, a.shell, a.demo, a.log_level, a.skip_tokenizer_init,
-                      a.metrics_naming)
+                      a.metrics_naming, a.tool_call_parser, a.reasoning_parser)

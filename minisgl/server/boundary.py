@@ -14,10 +14,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
-from minisgl.core import ContextLengthError, SamplingParams, check_prompt, check_prompt_length, check_request
+from minisgl.constrained import check as check_constraint
+from minisgl.core import (
+    Constraint,
+    ContextLengthError,
+    SamplingParams,
+    check_prompt,
+    check_prompt_length,
+    check_request,
+)
 from minisgl.server.errors import ApiError
 from minisgl.server.protocol import SamplingFields
-from minisgl.server.text import TextCodec
+from minisgl.server.text import Conversation, TextCodec
 
 
 @dataclass
@@ -29,13 +37,6 @@ class ModelLimits:
     kv_capacity: int
 
 
-@dataclass
-class Conversation:
-    """A chat prompt: the messages as the chat template takes them ({"role", "content"})."""
-
-    messages: list[dict[str, str]]
-
-
 PromptInput = Conversation | list[str] | list[list[int]]
 
 
@@ -45,6 +46,7 @@ class GenerateRequest:
     them (`max_tokens` already fitted to the room the longest prompt leaves)."""
 
     prompts: list[list[int]]
+    prompt_texts: list[str | None]  # the text each prompt was made of (a chat: the template's), None for ids
     params: SamplingParams
     stop: list[str]  # matched on the decoded text by the detokenizer
     n: int
@@ -56,23 +58,30 @@ async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, p
     values, renamed = body.sampling()
     encoded = await encode(codec, limits, prompt)
     with refusals_named(prompt_param, renamed):
-        for count, ids in encoded:  # the prompts first: they decide the room left for max_tokens
+        for count, ids, _ in encoded:  # the prompts first: they decide the room left for max_tokens
             check_prompt_length(count, limits.max_seq_len, limits.kv_capacity)  # a text too long has no ids
             check_prompt(ids, limits.vocab_size, limits.max_seq_len, limits.kv_capacity)
-        prompts = [ids for _, ids in encoded]
+        prompts = [ids for _, ids, _ in encoded]
         room = limits.max_seq_len - max(len(ids) for ids in prompts)
         requested = values.pop("max_tokens")
         values["max_tokens"] = room if requested is None else min(requested, room)
         # Clamped like max_tokens, so a request valid on its own is not refused for a long prompt.
         values["min_tokens"] = min(values["min_tokens"] or 0, room)
         params = SamplingParams(**{k: v for k, v in values.items() if v is not None})
+        if body.constraints() and params.min_tokens:
+            raise ValueError(f"min_tokens cannot be combined with {body.constraints()[0][0]}: the grammar alone "
+                             f"decides where the output may end")
         for ids in prompts:
             check_request(ids, params, limits.vocab_size, limits.max_seq_len, limits.kv_capacity)
     check_logit_bias(body.logit_bias, limits.vocab_size)
+    params.constraint = await constraint(codec, body)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if stop:
         codec.require("stop", "stop strings are matched on text; use stop_token_ids")
-    return GenerateRequest(prompts, params, stop, body.n, body.seed)
+    texts = [text for _, _, text in encoded]
+    if body.wants_prompt_text() and codec.tokenizer is not None:
+        texts = [text if text is not None else await codec.decode(ids) for text, ids in zip(texts, prompts)]
+    return GenerateRequest(prompts, texts, params, stop, body.n, body.seed)
 
 
 @contextmanager
@@ -88,16 +97,34 @@ def refusals_named(prompt_param: str, renamed: dict[str, str]) -> Iterator[None]
         raise ApiError(400, f"{param} {rest}", param=param) from None
 
 
-async def encode(codec: TextCodec, limits: ModelLimits, prompt: PromptInput) -> list[tuple[int, list[int]]]:
-    """(token count, ids) of every prompt; text is tokenized off the loop, and the ids of a text too long
-    for the context are never built (left empty)."""
+async def encode(codec: TextCodec, limits: ModelLimits, prompt: PromptInput
+                 ) -> list[tuple[int, list[int], str | None]]:
+    """(token count, ids, text) of every prompt; text is tokenized off the loop, and the ids of a text too
+    long for the context are never built (left empty)."""
     if isinstance(prompt, Conversation):
         codec.require("messages", "chat needs a tokenizer and a chat template; send token ids to /v1/completions")
-        return [await codec.encode_chat(prompt.messages, limits.max_seq_len)]
+        return [await codec.encode_chat(prompt, limits.max_seq_len)]
     if prompt and isinstance(prompt[0], str):
         codec.require("prompt", "send the prompt as token ids")
-        return [await codec.encode(text, limits.max_seq_len) for text in prompt]
-    return [(len(ids), ids) for ids in prompt]
+        return [(*await codec.encode(text, limits.max_seq_len), text) for text in prompt]
+    return [(len(ids), ids, None) for ids in prompt]
+
+
+async def constraint(codec: TextCodec, body: SamplingFields) -> Constraint | None:
+    """The request's grammar, parsed (off the loop) so that a bad one is a 400 naming its field."""
+    asked = body.constraints()
+    if not asked:
+        return None
+    (param, grammar), *others = asked
+    if others:
+        raise ApiError(400, f"{others[0][0]} cannot be combined with {param}: the output can match only one grammar",
+                       param=others[0][0])
+    codec.require(param, "structured outputs need the model's tokenizer")
+    try:
+        await codec.run(check_constraint, grammar)
+    except ValueError as exc:
+        raise ApiError(400, f"{param} is not a grammar this server can follow: {exc}", param=param) from None
+    return grammar
 
 
 def check_logit_bias(bias: dict[str, float] | None, vocab_size: int) -> None:

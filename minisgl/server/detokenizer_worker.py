@@ -12,6 +12,7 @@ import logging
 
 import zmq
 
+from minisgl.core import TokenLogprob
 from minisgl.scheduler import AbortReq
 from minisgl.server.detokenizer import IncrementalDetokenizer
 from minisgl.server.ipc import DetokRegister, IpcPaths, Ready, ReqOutput, TextOutput, become_child, inbox, outbox
@@ -93,10 +94,13 @@ class Detokenizer:
                 text += state.flush()
         if finish is not None:
             del self.states[out.rid]
-        logprobs = [(self.token_text(lp.token_id), lp.logprob, [(self.token_text(t), v) for t, v in lp.top])
-                    for lp in out.logprobs]
-        return TextOutput(out.rid, text, out.new_ids, logprobs, finish, out.prompt_tokens, out.cached_tokens,
-                          out.error, matched)
+        return TextOutput(out.rid, text, out.new_ids, self.entries(out.logprobs), finish, out.prompt_tokens,
+                          out.cached_tokens, out.error,
+                          matched, self.entries(out.prompt_logprobs) if out.prompt_logprobs is not None else None)
+
+    def entries(self, logprobs: list[TokenLogprob]) -> list[tuple[str, float, list[tuple[str, float]]]]:
+        return [(self.token_text(lp.token_id), lp.logprob, [(self.token_text(t), v) for t, v in lp.top])
+                for lp in logprobs]
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id]) if self.tokenizer is not None else f"token_id:{token_id}"

@@ -40,8 +40,8 @@ class RequestFailed(Exception):
 class Sequence:
     """One submitted generation (a prompt, one sample of it) and its books."""
 
-    def __init__(self, rid: int, prompt_tokens: int):
-        self.rid, self.prompt_tokens = rid, prompt_tokens
+    def __init__(self, rid: int, prompt_tokens: int, user: str | None = None):
+        self.rid, self.prompt_tokens, self.user = rid, prompt_tokens, user
         self.outputs: asyncio.Queue[TextOutput | RequestFailed] = asyncio.Queue()
         self.start = self.last = time.monotonic()
         self.ttft: float | None = None
@@ -96,9 +96,11 @@ class EngineClient:
 
     # ---- sequences -------------------------------------------------------------------------------
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, stop: list[str], seed: int) -> Sequence:
-        """Send one admitted sequence to the engine (it stays counted as queued until its first token)."""
-        seq = Sequence(next(self.ids), len(prompt_ids))
+    def submit(self, prompt_ids: list[int], params: SamplingParams, stop: list[str], seed: int,
+               user: str | None = None) -> Sequence:
+        """Send one admitted sequence to the engine (it stays counted as queued until its first token);
+        `user` (the request's end user) goes into its log line."""
+        seq = Sequence(next(self.ids), len(prompt_ids), user)
         self.sequences[seq.rid] = seq
         self.to_detok.send_pyobj(DetokRegister(seq.rid, stop))
         self.to_scheduler.send_pyobj(AddReq(Req(seq.rid, prompt_ids, params, seed)))
@@ -174,9 +176,10 @@ class EngineClient:
         latency = time.monotonic() - seq.start
         self.metrics.observe_finished(seq.prompt_tokens, seq.completion_tokens, seq.cached_tokens, seq.ttft, latency,
                                       seq.itls, seq.finish_reason)
-        logger.info("request %d finished: prompt=%d completion=%d cached=%d ttft=%s latency=%.3fs reason=%s",
+        logger.info("request %d finished: prompt=%d completion=%d cached=%d ttft=%s latency=%.3fs reason=%s%s",
                     seq.rid, seq.prompt_tokens, seq.completion_tokens, seq.cached_tokens,
-                    f"{seq.ttft:.3f}s" if seq.ttft is not None else "-", latency, seq.finish_reason)
+                    f"{seq.ttft:.3f}s" if seq.ttft is not None else "-", latency, seq.finish_reason,
+                    f" user={seq.user!r}" if seq.user is not None else "")
 
     async def stats(self, timeout: float = 5.0) -> dict:
         """Fresh scheduler stats (pages, queues, counters), answered after its current step."""

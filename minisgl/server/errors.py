@@ -72,6 +72,9 @@ def error_responses(*statuses: int) -> dict:
     return {status: {"model": ErrorResponse, "description": DESCRIPTIONS[status]} for status in statuses}
 
 
+UNKNOWN_FIELD = "unknown parameter: this server does not serve it (it is refused, not ignored)"
+
+
 def field_path(loc: tuple) -> list[str]:
     """A pydantic error location as request fields: without `body` and the names pydantic gives union
     members (`str`, `list[int]`, `function-after[...]`, model class names), which no request field has."""
@@ -92,7 +95,8 @@ def install_error_handlers(app: FastAPI) -> None:
             detail = first.get("ctx", {}).get("error", "")
             return error_response(ApiError(400, f"malformed JSON body: {detail}".rstrip(": ")))
         where = field_path(tuple(first.get("loc", ())))
-        message = f"{'.'.join(where) + ': ' if where else ''}{first.get('msg', 'invalid request')}"
+        reason = UNKNOWN_FIELD if first.get("type") == "extra_forbidden" else first.get("msg", "invalid request")
+        message = f"{'.'.join(where) + ': ' if where else ''}{reason}"
         return error_response(ApiError(400, message, param=where[0] if where else None))
 
     @app.exception_handler(HTTPException)

@@ -20,19 +20,22 @@ from minisgl.server.boundary import GenerateRequest, PromptInput, prepare
 from minisgl.server.engine_client import RequestFailed, Sequence
 from minisgl.server.errors import ApiError, error_responses
 from minisgl.server.ipc import TextOutput
-from minisgl.server.protocol import PromptTokensDetails, SamplingFields, Usage
+from minisgl.server.protocol import LogprobEntry, PromptTokensDetails, SamplingFields, Usage
 from minisgl.server.state import ServerState
 
 logger = logging.getLogger("minisgl.api")
 
 
 class Choice:
-    """One generated sequence (prompt p, sample i) and what it has produced so far."""
+    """One generated sequence (prompt p, sample i) and what it has produced so far; `prompt_text` is
+    the text its prompt was made of (None for token ids, unless the answer shows it)."""
 
-    def __init__(self, index: int, prompt: int, seq: Sequence):
+    def __init__(self, index: int, prompt: int, seq: Sequence, prompt_ids: list[int], prompt_text: str | None):
         self.index, self.prompt, self.seq = index, prompt, seq
+        self.prompt_ids, self.prompt_text = prompt_ids, prompt_text
         self.text, self.logprobs, self.token_ids, self.finish = "", [], [], None
         self.matched_stop: str | int | None = None
+        self.prompt_logprobs: list[LogprobEntry] | None = None  # prompt tokens 1.., when asked for
 
     def add(self, out: TextOutput) -> None:
         self.text += out.text
@@ -40,6 +43,8 @@ class Choice:
         self.token_ids += out.new_ids
         self.finish = out.finish_reason or self.finish
         self.matched_stop = out.matched_stop if out.matched_stop is not None else self.matched_stop
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
 
 
 async def respond(request: Request, state: ServerState, body: SamplingFields, prompt: PromptInput, prompts: int,
@@ -69,7 +74,8 @@ async def start(state: ServerState, body: SamplingFields, prompt: PromptInput, p
             for i in range(gen.n):
                 index = p * gen.n + i
                 seed = gen.seed + index if gen.seed is not None else random.getrandbits(63)
-                choices.append(Choice(index, p, client.submit(ids, gen.params, gen.stop, seed)))
+                choices.append(Choice(index, p, client.submit(ids, gen.params, gen.stop, seed, body.user), ids,
+                                      gen.prompt_texts[p]))
     finally:
         state.preparing -= 1
         client.release(sequences - len(choices))

@@ -68,6 +68,7 @@ class ReqOutput:
     prompt_tokens: int
     cached_tokens: int
     error: str | None = None  # the scheduler failed this request alone (finish_reason "abort")
+    prompt_logprobs: list[TokenLogprob] | None = None  # with its first output, when asked for
 
 
 @dataclass
@@ -92,6 +93,7 @@ class TextOutput:
     cached_tokens: int
     error: str | None = None  # the request failed alone (finish_reason "abort"); its client gets this message
     matched_stop: str | int | None = None  # with finish_reason "stop": the stop string, or the stop/EOS token id
+    prompt_logprobs: list[tuple[str, float, list[tuple[str, float]]]] | None = None  # prompt tokens 1..
 
 
 @dataclass

@@ -10,10 +10,11 @@ rules across fields) is checked in `boundary`.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -27,6 +28,8 @@ from pydantic import (
     computed_field,
     field_validator,
 )
+
+from minisgl.core import Constraint
 
 MAX_N = 16
 MAX_STOP_STRINGS = 16
@@ -71,12 +74,45 @@ LogitBias = Annotated[
 
 
 class StrictRequest(BaseModel):
-    # Clients send fields we do not implement (tools, response_format, ...); ignoring them keeps them working.
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+    """Every field a request may have is declared, and honoured or refused: an unknown field is a 400
+    naming it, never silently ignored (a client could not tell that it asked for nothing)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
 
 class StreamOptions(StrictRequest):
     include_usage: bool = False
+
+
+class JsonSchemaSpec(StrictRequest):
+    name: Text = Field(description="the schema's name (as OpenAI requires; it does not change the output)")
+    description: Text | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = Field(None, description="outputs always match the schema; false is not weaker")
+
+
+class TextFormat(StrictRequest):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(StrictRequest):
+    type: Literal["json_object"]
+
+
+class JsonSchemaFormat(StrictRequest):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")]
+
+
+def response_format_constraint(fmt: TextFormat | JsonObjectFormat | JsonSchemaFormat | None) -> Constraint | None:
+    if isinstance(fmt, JsonObjectFormat):
+        return Constraint("json_object")
+    if isinstance(fmt, JsonSchemaFormat):
+        return Constraint("json_schema", json.dumps(fmt.json_schema.schema_))
+    return None
 
 
 class SamplingFields(StrictRequest):
@@ -95,13 +131,18 @@ class SamplingFields(StrictRequest):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: LogitBias | None = Field(
         None, description="token id (as a string) -> bias; the ids are checked, a non-empty map is not supported yet")
-    user: Text | None = None
+    user: Text | None = Field(None, description="the end user, written in the request's log line")
     top_k: integer(ge=-1) | None = Field(None, description="-1 or 0: off")
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0)
     min_tokens: integer(ge=0) | None = Field(None, description="at most max_tokens")
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
+    response_format: ResponseFormat | None = Field(None, description="json_object or json_schema: the output "
+                                                   "is forced to match (xgrammar)")
+    regex: Text | None = Field(None, description="SGLang's extension: the output matches this regular expression")
+    ebnf: Text | None = Field(None, description="SGLang's extension: the output matches this EBNF grammar "
+                                                "(xgrammar's dialect, rule `root`)")
 
     @field_validator("stream_options")
     @classmethod
@@ -116,11 +157,22 @@ class SamplingFields(StrictRequest):
         spells differently, that spelling (errors name what the client sent)."""
         raise NotImplementedError
 
+    def wants_prompt_text(self) -> bool:
+        """The answer shows the prompt as text (echo): token-id prompts are decoded for it."""
+        return False
+
     def shared_sampling(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in (
             "temperature", "top_p", "min_p", "min_tokens", "ignore_eos", "stop_token_ids", "seed",
             "presence_penalty", "frequency_penalty", "repetition_penalty")} | {
             "top_k": -1 if self.top_k == 0 else self.top_k}  # 0 is vLLM's spelling of "off"
+
+    def constraints(self) -> list[tuple[str, Constraint]]:
+        """The grammars this request asks for, each with the field that asks (at most one may)."""
+        asked = [("response_format", response_format_constraint(self.response_format)),
+                 ("regex", Constraint("regex", self.regex) if self.regex is not None else None),
+                 ("ebnf", Constraint("ebnf", self.ebnf) if self.ebnf is not None else None)]
+        return [(param, c) for param, c in asked if c is not None]
 
     @property
     def include_usage(self) -> bool:
@@ -188,8 +240,8 @@ class ChatLogprobs(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]  # None: an echoed prompt's first token
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 
@@ -205,11 +257,13 @@ def chat_logprobs(entries: list[LogprobEntry]) -> ChatLogprobs:
 
 
 def completion_logprobs(entries: list[LogprobEntry], text_offset_start: int = 0) -> CompletionLogprobs:
-    """The legacy completions `logprobs` object; `text_offset` counts characters into the returned text."""
+    """The legacy completions `logprobs` object; `text_offset` counts characters into the returned text.
+    An entry whose logprob is None (an echoed prompt's first token) has None for its top alternatives too."""
     offsets, pos = [], text_offset_start
     for token, _, _ in entries:
         offsets.append(pos)
         pos += len(token)
-    return CompletionLogprobs(tokens=[tok for tok, _, _ in entries], token_logprobs=[_lp(lp) for _, lp, _ in entries],
-                              top_logprobs=[{t: _lp(alt) for t, alt in top} for _, _, top in entries],
-                              text_offset=offsets)
+    return CompletionLogprobs(
+        tokens=[tok for tok, _, _ in entries], token_logprobs=[None if lp is None else _lp(lp) for _, lp, _ in entries],
+        top_logprobs=[None if lp is None else {t: _lp(alt) for t, alt in top} for _, lp, top in entries],
+        text_offset=offsets)

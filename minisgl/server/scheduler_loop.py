@@ -16,6 +16,7 @@ from minisgl.server.ipc import IpcPaths, Ready, ReqOutput, StatsReply, StatsRequ
 logger = logging.getLogger("minisgl.scheduler")
 
 IDLE_POLL_MS = 50  # how long an idle rank 0 waits for messages before looping (and re-broadcasting)
+GRAMMAR_POLL_MS = 2  # ... while a grammar compiles: its request starts as soon as it is done
 
 
 def run_scheduler(rank: int, size: int, port: int, args: EngineArgs, ipc: IpcPaths, log_level: str) -> None:
@@ -56,7 +57,7 @@ class SchedulerServer:
             "dtype": str(engine.config.dtype).replace("torch.", ""), "device": str(engine.device),
             "tp_size": self.scheduler.tp.size, "model_path": str(engine.model_path)}))
         while not self.scheduler.shutdown:
-            messages = self.receive(block=not self.scheduler.has_work)
+            messages = self.receive(block=not self.scheduler.can_step)
             asks = [m for m in messages if isinstance(m, StatsRequest)]
             self.scheduler.tick([m for m in messages if not isinstance(m, StatsRequest)])
             self.report()
@@ -72,7 +73,7 @@ class SchedulerServer:
         self.scheduler.finished.clear()
 
     def receive(self, block: bool) -> list:
-        if block and not self.inbox.poll(IDLE_POLL_MS):
+        if block and not self.inbox.poll(GRAMMAR_POLL_MS if self.scheduler.compiling else IDLE_POLL_MS):
             return []
         messages = []
         while True:
@@ -89,8 +90,9 @@ class SchedulerServer:
             if req.finish_reason is None:
                 self.sent[req.rid] = len(req.output_ids)
             self.generated += len(req.output_ids) - start
+            scored = req.prompt_logprobs if start == 0 and req.params.prompt_logprobs is not None else None
             outputs.append(ReqOutput(req.rid, req.output_ids[start:], req.output_logprobs[start:], req.finish_reason,
-                                     len(req.prompt_ids), req.cached_tokens, req.error))
+                                     len(req.prompt_ids), req.cached_tokens, req.error, scored))
         self.scheduler.progressed = []
         self.scheduler.finished.clear()
         if outputs:

@@ -13,13 +13,35 @@ and padding on every call, which fails ("Already borrowed") when threads share a
 from __future__ import annotations
 
 import asyncio
+import inspect
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
 
 from minisgl.server.errors import ApiError
 
 TEXT_THREADS = 4
 
 NO_TOKENIZER = "this server runs with --skip-tokenizer-init and has no tokenizer"
+
+
+@dataclass
+class Conversation:
+    """A chat prompt: the messages and tools as the chat template takes them, and the client's extra
+    template variables (`enable_thinking`...); `tools_needed`: the output may call the tools, so a template
+    that cannot show them to the model is refused."""
+
+    messages: list[dict]
+    tools: list[dict] | None = None
+    tools_needed: bool = False
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+# Names a client's template variables may not take: apply_chat_template's own parameters, and `messages`.
+RESERVED_TEMPLATE_NAMES = frozenset(inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters) - {
+    "self", "kwargs"} | {"messages"}
 
 
 class TextCodec:
@@ -41,14 +63,19 @@ class TextCodec:
 
     async def encode(self, text: str, limit: int) -> tuple[int, list[int]]:
         """(token count, ids); the ids are left out (empty) when the count passes `limit`."""
-        return await self._run(self._encode, text, limit)
+        return await self.run(self._encode, text, limit)
 
-    async def encode_chat(self, conversation: list[dict], limit: int) -> tuple[int, list[int]]:
-        """The conversation through the model's chat template (with the assistant's turn opened), encoded."""
-        return await self._run(self._encode_chat, conversation, limit)
+    async def encode_chat(self, conversation: Conversation, limit: int) -> tuple[int, list[int], str]:
+        """The conversation through the model's chat template (with the assistant's turn opened), encoded;
+        and the template's text."""
+        return await self.run(self._encode_chat, conversation, limit)
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text (one token: cheap enough for the loop); without a tokenizer, its id."""
+        return self.tokenizer.decode([token_id]) if self.tokenizer is not None else f"token_id:{token_id}"
 
     async def decode(self, ids: list[int]) -> str:
-        return (await self._run(self.backend.decode_batch, [ids], skip_special_tokens=False))[0]
+        return (await self.run(self.backend.decode_batch, [ids], skip_special_tokens=False))[0]
 
     def close(self) -> None:
         """Shutdown: whoever still waits for the tokenizer gets a 503 now (the thread's work is abandoned)."""
@@ -57,7 +84,8 @@ class TextCodec:
             if not waiter.done():
                 waiter.set_exception(ApiError(503, "the server is shutting down", retry_after=5))
 
-    async def _run(self, fn, *args, **kwargs):
+    async def run(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs) in the pool: CPU-heavy work on a request (tokenizing, parsing a grammar)."""
         if self.closed:
             raise ApiError(503, "the server is shutting down", retry_after=5)
         loop = asyncio.get_running_loop()
@@ -80,9 +108,18 @@ class TextCodec:
         count = len(encoding)
         return count, (encoding.ids if count <= limit else [])
 
-    def _encode_chat(self, conversation: list[dict], limit: int) -> tuple[int, list[int]]:
+    def _encode_chat(self, conversation: Conversation, limit: int) -> tuple[int, list[int], str]:
+        tools, kwargs = conversation.tools, conversation.template_kwargs
+        reserved = sorted(RESERVED_TEMPLATE_NAMES & set(kwargs))
+        if reserved:
+            raise ApiError(400, f"chat_template_kwargs may not set {reserved[0]!r}", param="chat_template_kwargs")
         try:
-            text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+            if conversation.tools_needed and "tools" not in self.tokenizer.get_chat_template(tools=tools):
+                raise ApiError(400, "this model's chat template does not show tools to the model", param="tools")
+            text = self.tokenizer.apply_chat_template(conversation.messages, tools=tools, add_generation_prompt=True,
+                                                      tokenize=False, **kwargs)
+        except ApiError:
+            raise
         except Exception as exc:  # the template is a program run on the client's messages; it refused them
             raise ApiError(400, f"the model's chat template refused these messages: {exc}", param="messages") from None
-        return self._encode(text, limit)
+        return *self._encode(text, limit), text

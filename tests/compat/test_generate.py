@@ -4,6 +4,7 @@ SGLang's suites (test_matched_stop's meta_info, test_usage_tokens' /generate cal
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -77,6 +78,12 @@ def test_stream_of_a_batch_tells_each_event_its_index(http):
     assert seen == {0, 1}
 
 
+def test_regex_constrains_the_output(http):
+    """SGLang's sampling_params.regex: the generated text matches the pattern whole."""
+    out = generate(http, text="Once upon a time", sampling_params={"max_new_tokens": 20, "regex": "[0-9]{3}-[a-z]{2}"})
+    assert re.fullmatch("[0-9]{3}-[a-z]{2}", out["text"]) and out["meta_info"]["finish_reason"]["type"] == "stop"
+
+
 def test_matched_stop_string(http):
     """SGLang test_finish_stop_str: a stop string ends the text before it; finish_reason is
     {"type": "stop", "matched": <that string>}."""
@@ -101,7 +108,7 @@ def test_matched_stop_token(http):
 @pytest.mark.parametrize("body, status, says", [
     ({"text": "a", "input_ids": [1]}, 400, "exactly one of text or input_ids"),
     ({"sampling_params": {"max_new_tokens": 2}}, 400, "exactly one of text or input_ids"),
-    ({"text": "a", "sampling_params": {"regex": "[0-9]+"}}, 400, "sampling_params.regex"),
+    ({"text": "a", "sampling_params": {"json_schema": "{}"}}, 400, "sampling_params.json_schema"),
     ({"text": "a", "sampling_params": {"temperature": -1}}, 400, "sampling_params.temperature"),
     ({"text": "a", "sampling_params": {"max_new_tokens": 2, "min_new_tokens": 3}}, 400,
      "sampling_params.min_new_tokens"),

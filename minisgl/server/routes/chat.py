@@ -1,16 +1,28 @@
-"""POST /v1/chat/completions: its request schema, its route, its response and its stream of chunks."""
+"""POST /v1/chat/completions: its request schema, its route, its response and its stream of chunks.
+
+Tools: the chat template renders `tools`; with tool_choice `auto` the server's --tool-call-parser finds
+the calls the model writes, `required` and a named function force them through a grammar (see
+parsers/tools.py). A choice that ends in calls has `finish_reason: "tool_calls"`. With --reasoning-parser
+the model's `<think>` block becomes `reasoning_content` (parsers/reasoning.py).
+"""
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Literal
+import json
+import uuid
+from typing import Annotated, Any, AsyncIterator, Callable, Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, StringConstraints, model_validator
 
-from minisgl.server.boundary import Conversation, GenerateRequest
+from minisgl.core import Constraint
+from minisgl.server.boundary import GenerateRequest
 from minisgl.server.errors import ApiError
 from minisgl.server.generation import Choice, generation_responses, outputs, respond, usage
+from minisgl.server.parsers.output import OutputParser, ToolUse
+from minisgl.server.parsers.reasoning import ReasoningParser
+from minisgl.server.parsers.tools import ToolCall, forced_schema
 from minisgl.server.protocol import (
     MAX_LOGPROBS,
     ChatLogprobs,
@@ -24,6 +36,7 @@ from minisgl.server.protocol import (
     new_id,
 )
 from minisgl.server.state import ServerState, server_state
+from minisgl.server.text import Conversation
 
 router = APIRouter()
 
@@ -38,11 +51,39 @@ class ContentPart(StrictRequest):
     text: Text
 
 
+FunctionName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
+
+
+class CalledFunction(StrictRequest):
+    name: Text
+    arguments: Text = Field(description="JSON text, as the model wrote it")
+
+
+class MessageToolCall(StrictRequest):
+    """A call an earlier assistant turn made (sent back with the conversation)."""
+
+    id: Text
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+    def template_form(self) -> dict:
+        """As chat templates take it: arguments decoded when they are a JSON object (templates apply
+        `tojson` to them), else the text."""
+        try:
+            arguments = json.loads(self.function.arguments)
+        except ValueError:
+            arguments = None
+        if not isinstance(arguments, dict):
+            arguments = self.function.arguments
+        return {"id": self.id, "type": "function", "function": {"name": self.function.name, "arguments": arguments}}
+
+
 class ChatMessage(StrictRequest):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: Text | list[ContentPart] | None = None
     name: Text | None = None
-    tool_call_id: Text | None = None
+    tool_call_id: Text | None = Field(None, description="tool messages: the call this is the result of")
+    tool_calls: list[MessageToolCall] | None = Field(None, description="assistant messages: the calls made")
 
     @model_validator(mode="before")
     @classmethod
@@ -59,6 +100,38 @@ class ChatMessage(StrictRequest):
             return self.content or ""
         return "".join(part.text for part in self.content)
 
+    def template_form(self) -> dict:
+        """The message as chat templates take it."""
+        message: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            message["tool_calls"] = [call.template_form() for call in self.tool_calls]
+        return message
+
+
+class FunctionDefinition(StrictRequest):
+    name: FunctionName
+    description: Text | None = None
+    parameters: dict[str, Any] | None = Field(None, description="a JSON schema of the arguments object")
+    strict: bool | None = Field(None, description="forced calls always match `parameters`; false is not weaker")
+
+
+class Tool(StrictRequest):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionChoice(StrictRequest):
+    name: FunctionName
+
+
+class NamedToolChoice(StrictRequest):
+    type: Literal["function"]
+    function: FunctionChoice
+
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -66,6 +139,12 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: integer(ge=1) | None = Field(None, description="wins over max_tokens")
     logprobs: bool = False
     top_logprobs: integer(ge=0, le=MAX_LOGPROBS) | None = Field(None, description="needs logprobs: true")
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="default: auto with tools (needs the server's --tool-call-parser), else none")
+    parallel_tool_calls: bool = Field(True, description="false: at most one call per choice")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="extra variables for the chat template, e.g. {\"enable_thinking\": false}")
 
     def sampling(self) -> tuple[dict[str, Any], dict[str, str]]:
         if self.top_logprobs is not None and not self.logprobs:
@@ -77,13 +156,80 @@ class ChatCompletionRequest(SamplingFields):
         renamed = {"logprobs": "top_logprobs"} | ({"max_tokens": "max_completion_tokens"} if by_completion else {})
         return values, renamed
 
+    def tool_mode(self) -> tuple[Literal["auto", "named", "required"], str | None] | None:
+        """(mode, function name) when the output may hold tool calls; None when it may not."""
+        choice = self.tool_choice
+        if not self.tools:
+            if choice not in (None, "none"):
+                raise ApiError(400, "tool_choice needs tools", param="tool_choice")
+            return None
+        names = [tool.function.name for tool in self.tools]
+        if len(set(names)) < len(names):
+            raise ApiError(400, "tools must have distinct function names", param="tools")
+        if choice == "none":
+            return None
+        if isinstance(choice, NamedToolChoice):
+            if choice.function.name not in names:
+                raise ApiError(400, f"tool_choice names the function {choice.function.name!r}, which is not in tools",
+                               param="tool_choice")
+            return "named", choice.function.name
+        return ("required" if choice == "required" else "auto"), None
+
+    def tool_use(self, parser: str | None) -> ToolUse | None:
+        mode = self.tool_mode()
+        if mode is None:
+            return None
+        if mode[0] == "auto" and parser is None:
+            raise ApiError(400, "this server runs without --tool-call-parser, so it cannot find the calls a model "
+                                "chooses to make; send tool_choice 'required', a named function or 'none'",
+                           param="tool_choice" if self.tool_choice else "tools")
+        return ToolUse(mode[0], mode[1], parser, self.parallel_tool_calls)
+
+    def constraints(self) -> list[tuple[str, Constraint]]:
+        asked = super().constraints()
+        mode = self.tool_mode()
+        if mode is not None and mode[0] != "auto":
+            functions = {t.function.name: t.function.parameters or {"type": "object"} for t in self.tools}
+            schema = forced_schema(functions, mode[1], self.parallel_tool_calls)
+            asked.append(("tool_choice", Constraint("json_schema", json.dumps(schema))))
+        return asked
+
+    def conversation(self, tool_use: ToolUse | None) -> Conversation:
+        tools = [tool.model_dump(exclude_none=True) for tool in self.tools] if self.tools else None
+        return Conversation([m.template_form() for m in self.messages], tools, tools_needed=tool_use is not None,
+                            template_kwargs=self.chat_template_kwargs or {})
+
+    def output_parser(self, tool_use: ToolUse | None, reasoning: str | None, prompt_text: str | None) -> OutputParser:
+        """A choice's parser. Under a grammar the output is what the grammar says from its first token on,
+        even if the prompt opened a reasoning block (a grammar may still write one: it is split off)."""
+        opened = "" if self.constraints() else prompt_text or ""
+        return OutputParser(tool_use, ReasoningParser(reasoning, opened) if reasoning else None)
+
 
 # ---------------------------------------------------------------- response
+
+
+class ResponseFunction(BaseModel):
+    name: str
+    arguments: str
+
+
+class ResponseToolCall(BaseModel):
+    id: str = Field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+    type: Literal["function"] = "function"
+    function: ResponseFunction
+
+    @classmethod
+    def of(cls, call: ToolCall) -> ResponseToolCall:
+        return cls(function=ResponseFunction(name=call.name, arguments=call.arguments))
 
 
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = Field(None, exclude_if=lambda v: v is None,
+                                          description="the model's thinking (with --reasoning-parser)")
+    tool_calls: list[ResponseToolCall] | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class ChatChoice(BaseModel):
@@ -100,11 +246,19 @@ class ChatCompletionResponse(Envelope):
     usage: Usage
 
 
+class DeltaToolCall(ResponseToolCall):
+    """A whole call in one delta (its arguments are not split across chunks)."""
+
+    index: int
+
+
 class DeltaMessage(BaseModel):
-    """A delta carries only what changed: the first chunk the role, later ones the new text."""
+    """A delta carries only what changed: the first chunk the role, later ones the new text or calls."""
 
     role: Literal["assistant"] | None = Field(None, exclude_if=lambda v: v is None)
     content: str | None = Field(None, exclude_if=lambda v: v is None)
+    reasoning_content: str | None = Field(None, exclude_if=lambda v: v is None)
+    tool_calls: list[DeltaToolCall] | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class ChatChunkChoice(BaseModel):
@@ -128,29 +282,53 @@ class ChatCompletionChunk(Envelope):
              responses=generation_responses(ChatCompletionResponse, ChatCompletionChunk))
 async def chat_completions(body: ChatCompletionRequest, request: Request,
                            state: ServerState = Depends(server_state)) -> Response:
-    conversation = Conversation([{"role": m.role, "content": m.text()} for m in body.messages])
+    tool_use = body.tool_use(state.args.tool_call_parser)
     model = state.args.served_model_name
 
-    def whole(choices: list[Choice], usage: Usage) -> ChatCompletionResponse:
-        return ChatCompletionResponse(model=model, usage=usage, choices=[
-            ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
-                       logprobs=chat_logprobs(c.logprobs) if c.logprobs else None, finish_reason=c.finish)
-            for c in choices])
+    def parser(c: Choice) -> OutputParser:
+        return body.output_parser(tool_use, state.args.reasoning_parser, c.prompt_text)
 
-    return await respond(request, state, body, conversation, 1, whole,
-                         lambda gen, choices: chunks(state, body, gen, choices, model))
+    def whole(choices: list[Choice], usage: Usage) -> ChatCompletionResponse:
+        answers = []
+        for c in choices:
+            parsed = parser(c)
+            delta = parsed.feed(c.text) + parsed.finish(c.finish)
+            message = ChatResponseMessage(
+                content=None if delta.calls and not delta.content.strip() else delta.content,
+                reasoning_content=delta.reasoning or None,
+                tool_calls=[ResponseToolCall.of(call) for call in delta.calls] or None)
+            answers.append(ChatChoice(index=c.index, message=message, finish_reason=finish_reason(c.finish, parsed),
+                                      logprobs=chat_logprobs(c.logprobs) if c.logprobs else None))
+        return ChatCompletionResponse(model=model, usage=usage, choices=answers)
+
+    return await respond(request, state, body, body.conversation(tool_use), 1, whole,
+                         lambda gen, choices: chunks(state, body, gen, choices, model, parser))
+
+
+def finish_reason(finish: str | None, parser: OutputParser) -> str | None:
+    return "tool_calls" if finish == "stop" and parser.calls else finish
 
 
 async def chunks(state: ServerState, body: ChatCompletionRequest, gen: GenerateRequest, choices: list[Choice],
-                 model: str) -> AsyncIterator[ChatCompletionChunk]:
+                 model: str, parser: Callable[[Choice], OutputParser]) -> AsyncIterator[ChatCompletionChunk]:
     chunk_id = ChatCompletionChunk(model=model, choices=[]).id
+    parsers = {c.index: parser(c) for c in choices}
     for c in choices:
         yield ChatCompletionChunk(id=chunk_id, model=model, choices=[
             ChatChunkChoice(index=c.index, delta=DeltaMessage(role="assistant", content=""))])
     async for choice, out in outputs(state, choices):
-        if out.text or out.finish_reason or out.logprobs:
+        parser = parsers[choice.index]
+        made = parser.calls
+        delta = parser.feed(out.text)
+        if out.finish_reason:
+            delta += parser.finish(out.finish_reason)
+        if delta.content or delta.reasoning or delta.calls or out.finish_reason or out.logprobs:
+            calls = [DeltaToolCall(index=made + i, function=ResponseFunction(name=call.name, arguments=call.arguments))
+                     for i, call in enumerate(delta.calls)] or None
             yield ChatCompletionChunk(id=chunk_id, model=model, choices=[ChatChunkChoice(
-                index=choice.index, delta=DeltaMessage(content=out.text),
-                logprobs=chat_logprobs(out.logprobs) if out.logprobs else None, finish_reason=out.finish_reason)])
+                index=choice.index, delta=DeltaMessage(content=delta.content or None,
+                                                       reasoning_content=delta.reasoning or None, tool_calls=calls),
+                logprobs=chat_logprobs(out.logprobs) if out.logprobs else None,
+                finish_reason=finish_reason(out.finish_reason, parser))])
     if body.include_usage:
         yield ChatCompletionChunk(id=chunk_id, model=model, choices=[], usage=usage(choices, gen.prompts))

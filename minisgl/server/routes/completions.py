@@ -1,7 +1,8 @@
 """POST /v1/completions: its request schema, its route, its response and its stream of chunks.
 
 The prompt is text, token ids, or a batch of either. Without a tokenizer (--skip-tokenizer-init) only
-token ids are accepted, `text` is empty and each choice carries `token_ids` instead.
+token ids are accepted, `text` is empty and each choice carries `token_ids` instead. `echo` puts the
+prompt before the output (and, with `logprobs`, its tokens' logprobs, the first one null).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Annotated, Any, AsyncIterator, Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import BaseModel, Field
 
 from minisgl.server.boundary import GenerateRequest
 from minisgl.server.generation import Choice, generation_responses, outputs, respond, usage
@@ -18,6 +19,7 @@ from minisgl.server.protocol import (
     MAX_LOGPROBS,
     CompletionLogprobs,
     Envelope,
+    LogprobEntry,
     NonEmptyText,
     SamplingFields,
     TokenId,
@@ -27,14 +29,9 @@ from minisgl.server.protocol import (
     new_id,
 )
 from minisgl.server.state import ServerState, server_state
+from minisgl.server.text import TextCodec
 
 router = APIRouter()
-
-def _no_echo(echo: bool) -> bool:
-    if echo:
-        raise ValueError("echo is not supported")
-    return echo
-
 
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
@@ -44,8 +41,7 @@ class CompletionRequest(SamplingFields):
         Annotated[list[TokenIds], Field(min_length=1)]
     max_tokens: integer(ge=1) | None = 16  # OpenAI's default for /v1/completions
     logprobs: integer(ge=0, le=MAX_LOGPROBS) | None = None
-    echo: Annotated[bool, AfterValidator(_no_echo)] = Field(False, json_schema_extra={"const": False},
-                                                            description="echoing the prompt is not supported")
+    echo: bool = Field(False, description="the prompt before the output (with logprobs: the prompt's too)")
 
     def prompts(self) -> list[str] | list[list[int]]:
         """The prompt as a batch: one string per prompt, or one token-id list per prompt."""
@@ -53,7 +49,12 @@ class CompletionRequest(SamplingFields):
         return [p] if isinstance(p, str) or isinstance(p[0], int) else p
 
     def sampling(self) -> tuple[dict[str, Any], dict[str, str]]:
-        return self.shared_sampling() | {"max_tokens": self.max_tokens, "logprobs": self.logprobs}, {}
+        prompt_logprobs = self.logprobs if self.echo else None
+        return self.shared_sampling() | {"max_tokens": self.max_tokens, "logprobs": self.logprobs,
+                                         "prompt_logprobs": prompt_logprobs}, {"prompt_logprobs": "logprobs"}
+
+    def wants_prompt_text(self) -> bool:
+        return self.echo
 
 
 class CompletionChoice(BaseModel):
@@ -87,23 +88,39 @@ async def completions(body: CompletionRequest, request: Request,
     model, ids_only = state.args.served_model_name, state.codec.tokenizer is None
 
     def whole(choices: list[Choice], usage: Usage) -> CompletionResponse:
-        return CompletionResponse(model=model, usage=usage, choices=[CompletionChoice(
-            index=c.index, text=c.text, logprobs=completion_logprobs(c.logprobs) if c.logprobs else None,
-            finish_reason=c.finish, token_ids=c.token_ids if ids_only else None) for c in choices])
+        answers = []
+        for c in choices:
+            text, entries, ids = echoed(c, body, state.codec)
+            answers.append(CompletionChoice(
+                index=c.index, text=text + c.text, finish_reason=c.finish, token_ids=ids + c.token_ids if ids_only
+                else None, logprobs=completion_logprobs(entries + c.logprobs) if body.logprobs is not None else None))
+        return CompletionResponse(model=model, usage=usage, choices=answers)
 
     return await respond(request, state, body, batch, len(batch), whole,
                          lambda gen, choices: chunks(state, body, gen, choices, model, ids_only))
 
 
+def echoed(c: Choice, body: CompletionRequest, codec: TextCodec) -> tuple[str, list[LogprobEntry], list[int]]:
+    """What `echo` puts before a choice's output: the prompt's text, its logprob entries (when asked for,
+    the first token's logprob null), its token ids."""
+    if not body.echo:
+        return "", [], []
+    entries = [(codec.token_text(c.prompt_ids[0]), None, None), *c.prompt_logprobs] if c.prompt_logprobs else []
+    return c.prompt_text or "", entries, c.prompt_ids
+
+
 async def chunks(state: ServerState, body: CompletionRequest, gen: GenerateRequest, choices: list[Choice],
                  model: str, ids_only: bool) -> AsyncIterator[CompletionChunk]:
     chunk_id = CompletionChunk(model=model, choices=[]).id
+    started: set[int] = set()  # choices whose first chunk (which carries the echo) went out
     async for choice, out in outputs(state, choices):
-        if out.text or out.finish_reason or out.logprobs or (ids_only and out.new_ids):
-            offset = len(choice.text) - len(out.text)
+        text, entries, ids = echoed(choice, body, state.codec) if choice.index not in started else ("", [], [])
+        started.add(choice.index)
+        if text or out.text or out.finish_reason or out.logprobs or entries or (ids_only and out.new_ids):
+            offset = (len(choice.prompt_text or "") if body.echo else 0) + len(choice.text) - len(out.text) - len(text)
             yield CompletionChunk(id=chunk_id, model=model, choices=[CompletionChoice(
-                index=choice.index, text=out.text, finish_reason=out.finish_reason,
-                logprobs=completion_logprobs(out.logprobs, offset) if out.logprobs else None,
-                token_ids=out.new_ids if ids_only else None)])
+                index=choice.index, text=text + out.text, finish_reason=out.finish_reason,
+                logprobs=completion_logprobs(entries + out.logprobs, offset) if entries or out.logprobs else None,
+                token_ids=ids + out.new_ids if ids_only else None)])
     if body.include_usage:
         yield CompletionChunk(id=chunk_id, model=model, choices=[], usage=usage(choices, gen.prompts))

@@ -42,8 +42,9 @@ SGLANG_NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens", 
 
 class NativeSamplingParams(SamplingFields):
     """SGLang's `sampling_params`: the sampling fields every front shares, under SGLang's names for the
-    lengths and the seed. Unknown names are refused (SGLang's own constructor refuses them too), so
-    `regex` or `json_schema` get a 400, never silently unconstrained text."""
+    lengths and the seed; `regex` and `ebnf` constrain the output as on the OpenAI fronts. Unknown names are
+    refused (SGLang's own constructor refuses them too), so SGLang's `json_schema` gets a 400, never silently
+    unconstrained text."""
 
     model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 

@@ -16,6 +16,7 @@ from minisgl.server.errors import ApiError, error_responses
 from minisgl.server.protocol import StrictRequest, Text, TokenId
 from minisgl.server.routes.chat import ChatMessage
 from minisgl.server.state import ServerState, server_state
+from minisgl.server.text import Conversation
 
 router = APIRouter()
 
@@ -70,8 +71,8 @@ async def tokenize(body: TokenizeRequest, state: ServerState = Depends(server_st
     if isinstance(body, TokenizeText):
         count, ids = await state.codec.encode(body.prompt, limits.max_seq_len)
     else:
-        conversation = [{"role": m.role, "content": m.text()} for m in body.messages]
-        count, ids = await state.codec.encode_chat(conversation, limits.max_seq_len)
+        conversation = Conversation([m.template_form() for m in body.messages])
+        count, ids, _ = await state.codec.encode_chat(conversation, limits.max_seq_len)
     if count > limits.max_seq_len:
         raise ApiError(400, f"the text has {count} tokens, more than this model's context of {limits.max_seq_len}",
                        param=param, code="context_length_exceeded")

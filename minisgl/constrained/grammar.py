@@ -1,0 +1,163 @@
+"""Grammars for constrained decoding, on top of xgrammar.
+
+A request's mask for step N+1 depends on its token of step N, so the scheduler advances a request's
+matcher with every token it commits and asks for the batch's bitmask before it launches the next step.
+
+Compilation (token masks for every grammar state, with the model's tokenizer) takes from milliseconds
+to seconds, so it never runs on the scheduling loop: `Grammars.start` hands it to a thread of this
+process (xgrammar releases the GIL while it compiles), and the request waits aside until it is done.
+Every TP rank compiles the same text; rank 0 alone decides when a grammar is ready and broadcasts it,
+so that all ranks admit the request at the same step. The compiler caches what it compiled, keyed by
+the grammar's text: a schema sent again is ready at once. Compiling here (rather than in the API
+process and shipping the result) keeps messages small: a compiled grammar of a 150k-token vocabulary
+serializes to megabytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from minisgl.core import Constraint
+
+if TYPE_CHECKING:
+    import xgrammar
+
+COMPILE_THREADS = 2  # grammars compile concurrently; xgrammar also spreads one compilation over threads
+
+
+def check(constraint: Constraint) -> None:
+    """Parse the constraint as the scheduler will, without a tokenizer (fast): a ValueError says what
+    is wrong with it."""
+    try:
+        _grammar(constraint)
+    except RuntimeError as exc:  # xgrammar reports every parse error as a RuntimeError from its C++ core
+        raise ValueError(_clean(str(exc))) from None
+
+
+def _grammar(constraint: Constraint) -> "xgrammar.Grammar":
+    import xgrammar as xgr
+
+    if constraint.kind == "json_schema":
+        # Compact JSON (no free whitespace, which a sampler can spin in forever), and "strict": a schema
+        # that leaves additionalProperties open still gets exactly its own properties. Both only narrow
+        # what the schema allows, so every output still validates.
+        schema = _lengths_as_patterns(json.loads(constraint.spec)) if constraint.spec.lstrip()[:1] == "{" \
+            else constraint.spec
+        return xgr.Grammar.from_json_schema(schema if isinstance(schema, str) else json.dumps(schema),
+                                            any_whitespace=False, strict_mode=True)
+    if constraint.kind == "json_object":
+        return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
+    if constraint.kind == "regex":
+        return xgr.Grammar.from_regex(constraint.spec)
+    if constraint.kind == "ebnf":
+        return xgr.Grammar.from_ebnf(constraint.spec)
+    raise ValueError(f"unknown constraint kind {constraint.kind!r}")
+
+
+def _lengths_as_patterns(schema: Any) -> Any:
+    """The schema with each string's minLength/maxLength (and no pattern) spelled as a pattern of that
+    many characters. xgrammar 0.2.8 lowers length bounds to a character class that admits raw control
+    characters, which strict JSON parsers refuse (mlc-ai/xgrammar#800); its pattern path does not. The
+    pattern leaves out surrogates, whose UTF-8 bytes decode to three U+FFFD (three characters, not one)."""
+    if isinstance(schema, list):
+        return [_lengths_as_patterns(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    schema = {key: _lengths_as_patterns(value) for key, value in schema.items()}
+    bounds = [schema.get("minLength"), schema.get("maxLength")]
+    if schema.get("type") == "string" and "pattern" not in schema and any(b is not None for b in bounds) \
+            and all(b is None or (isinstance(b, int) and not isinstance(b, bool) and b >= 0) for b in bounds):
+        low, high = schema.pop("minLength", 0), schema.pop("maxLength", "")
+        schema["pattern"] = f"^[^\\uD800-\\uDFFF]{{{low},{high}}}$"
+    return schema
+
+
+def _clean(message: str) -> str:
+    """xgrammar's message without its C++ source location ('[12:00:00] /project/cpp/x.cc:42: ')."""
+    lines = [re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", line) for line in message.strip().splitlines()]
+    return " ".join(line for line in lines if line)
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """Set the logits of the tokens a row's bitmask leaves out to -inf, in place, vectorised over the
+    batch (xgrammar's CUDA kernel on a GPU, its C++ loop on the CPU). Bit j of word i allows token
+    32 * i + j; a row of all ones (-1) changes nothing."""
+    import xgrammar as xgr
+
+    xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True))
+
+
+class Grammars:
+    """The scheduler's grammars: compilations under way, and one matcher per constrained request that
+    was admitted and has not finished (running, or retracted and waiting again)."""
+
+    def __init__(self, tokenizer_path: str, vocab_size: int, eos_ids: list[int]):
+        self.vocab_size = vocab_size
+        self.pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar")
+        # The tokenizer loads in the pool too: the first constrained request pays for it, the loop never does.
+        self._compiler = self.pool.submit(self._make_compiler, tokenizer_path, vocab_size, eos_ids)
+        self.compiling: dict[int, Future] = {}  # rid -> compiled grammar, in arrival order
+        self.matchers: dict[int, "xgrammar.GrammarMatcher"] = {}
+
+    @staticmethod
+    def _make_compiler(tokenizer_path: str, vocab_size: int, eos_ids: list[int]) -> "xgrammar.GrammarCompiler":
+        import xgrammar as xgr
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        # vocab_size is the model's (often padded past the tokenizer's): ids no text maps to stay masked.
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=list(eos_ids))
+        return xgr.GrammarCompiler(info, max_threads=min(8, os.cpu_count() or 1))
+
+    def start(self, rid: int, constraint: Constraint) -> None:
+        """Begin compiling a request's grammar in the background."""
+        self.compiling[rid] = self.pool.submit(self._compile, constraint)
+
+    def _compile(self, constraint: Constraint) -> "xgrammar.CompiledGrammar":
+        return self._compiler.result().compile_grammar(_grammar(constraint))
+
+    def ready(self) -> list[int]:
+        """Requests whose compilation has ended (well or not), in arrival order (rank 0 asks)."""
+        return [rid for rid, future in self.compiling.items() if future.done()]
+
+    def activate(self, rid: int) -> None:
+        """Give the request its matcher (waiting for its compilation on a rank that is behind); raises
+        the compilation's error, which fails that request alone."""
+        import xgrammar as xgr
+
+        compiled = self.compiling.pop(rid).result()
+        self.matchers[rid] = xgr.GrammarMatcher(compiled)
+
+    def accept(self, rid: int, token: int) -> bool:
+        """Advance the request's matcher by its new token; True once the grammar is complete and has
+        taken its end (an EOS token): the request is finished."""
+        matcher = self.matchers[rid]
+        if not matcher.accept_token(token):
+            raise ValueError(f"token {token} does not fit the request's grammar")
+        return matcher.is_terminated()
+
+    def bitmask(self, rids: list[int]) -> torch.Tensor | None:
+        """[len(rids), ceil(V/32)] int32 on the host: each constrained request's allowed tokens, all
+        ones for the others; None when none of them is constrained."""
+        import xgrammar as xgr
+
+        rows = [i for i, rid in enumerate(rids) if rid in self.matchers]
+        if not rows:
+            return None
+        mask = xgr.allocate_token_bitmask(len(rids), self.vocab_size)  # all ones
+        for i in rows:
+            self.matchers[rids[i]].fill_next_token_bitmask(mask, i)
+        return mask
+
+    def release(self, rid: int) -> None:
+        """The request finished (or was aborted): forget its matcher or compilation."""
+        self.matchers.pop(rid, None)
+        future = self.compiling.pop(rid, None)
+        if future is not None:
+            future.cancel()

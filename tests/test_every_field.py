@@ -1,0 +1,205 @@
+"""Nothing is ignored silently: every field of every generation request model is honoured (a probe through the
+real server shows its effect) or refused with a 400 naming it, and a field no model declares is refused too.
+A field added to a request model without a probe here fails `test_every_field_has_a_probe`."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import pytest
+from server_utils import Server
+from template_models import with_chat_template
+
+from minisgl.server.routes.chat import ChatCompletionRequest
+from minisgl.server.routes.completions import CompletionRequest
+from minisgl.server.routes.responses import ResponsesRequest
+
+CHAT = [{"role": "user", "content": "Tell me a story about a robot."}]
+PROMPT = "Once upon a time"
+TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}}]
+HOT = {"temperature": 2.0, "seed": 3}  # sampling that differs from greedy
+
+
+@pytest.fixture(scope="module")
+def server(tiny_models, tmp_path_factory):
+    model = with_chat_template(tiny_models["qwen3"], tmp_path_factory.mktemp("fields") / "qwen3")
+    srv = Server(model, "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
+    yield srv
+    assert srv.stop() == 0
+
+
+class Front:
+    """One generation route: send it the base request with some fields changed, and read the answer."""
+
+    def __init__(self, server: Server, path: str, base: dict):
+        self.server, self.path, self.base = server, path, base
+
+    def send(self, **fields) -> httpx.Response:
+        body = {k: v for k, v in (self.base | fields).items() if v is not None}
+        return httpx.post(f"{self.server.url}{self.path}", json=body, timeout=120)
+
+    def ok(self, **fields) -> dict:
+        resp = self.send(**fields)
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+    def text(self, **fields) -> str:
+        answer = self.ok(**fields)
+        if self.path == "/v1/responses":
+            return "".join(part["text"] for item in answer["output"] if item["type"] == "message"
+                           for part in item["content"])
+        choice = answer["choices"][0]
+        return choice["message"]["content"] if "message" in choice else choice["text"]
+
+    def usage(self, **fields) -> tuple[int, int]:
+        usage = self.ok(**fields)["usage"]
+        return usage.get("prompt_tokens", usage.get("input_tokens")), usage.get("completion_tokens",
+                                                                                 usage.get("output_tokens"))
+
+    def refused(self, field: str, **fields) -> bool:
+        resp = self.send(**fields)
+        return resp.status_code == 400 and resp.json()["error"]["param"] == field
+
+
+def events(resp: httpx.Response) -> list[str]:
+    return [line[6:] for line in resp.text.splitlines() if line.startswith("data: ")]
+
+
+# ---------------------------------------------------------------- the fields chat and text completions share
+
+
+def shared_probes() -> dict:
+    long = {"max_tokens": 16, "ignore_eos": True}
+    longer = {"max_tokens": 64, "ignore_eos": True}  # long enough for greedy text to repeat itself
+    return {
+        "model": lambda f: f.send(model="other").status_code == 404,
+        "n": lambda f: len(f.ok(n=3)["choices"]) == 3,
+        "stream": lambda f: f.send(stream=True).headers["content-type"].startswith("text/event-stream"),
+        "stream_options": lambda f: json.loads(events(f.send(stream=True, stream_options={
+            "include_usage": True}))[-2])["usage"] and not json.loads(events(f.send(stream=True))[-2])["usage"],
+        "stop": stop_probe,
+        "seed": lambda f: f.text(**HOT, **long) == f.text(**HOT, **long) != f.text(**HOT | {"seed": 4}, **long),
+        "temperature": lambda f: f.text(**HOT, **long) != f.text(**long),
+        "top_p": lambda f: f.text(**HOT, top_p=1e-6, **long) == f.text(**long),
+        "top_k": lambda f: f.text(**HOT, top_k=1, **long) == f.text(**long),
+        "min_p": lambda f: f.text(**HOT, min_p=1.0, **long) == f.text(**long),
+        "presence_penalty": lambda f: f.text(presence_penalty=2.0, **longer) != f.text(**longer),
+        "frequency_penalty": lambda f: f.text(frequency_penalty=2.0, **longer) != f.text(**longer),
+        "repetition_penalty": lambda f: f.text(repetition_penalty=3.0, **longer) != f.text(**longer),
+        "logit_bias": lambda f: f.refused("logit_bias", logit_bias={"5": 1.0}),
+        "user": user_probe,
+        "stop_token_ids": lambda f: f.ok(stop_token_ids=list(range(512)))["choices"][0]["finish_reason"] == "stop"
+        and f.usage(stop_token_ids=list(range(512)))[1] == 1,
+        "min_tokens": lambda f: f.usage(stop_token_ids=list(range(256, 512)))[1] < 6
+        <= f.usage(stop_token_ids=list(range(256, 512)), min_tokens=6)[1],
+        "ignore_eos": ignore_eos_probe,
+        "response_format": lambda f: isinstance(json.loads(f.text(response_format={"type": "json_object"},
+                                                                  max_tokens=300)), dict),
+        "regex": lambda f: re.fullmatch("[0-9]{3}-[a-z]{2}", f.text(regex="[0-9]{3}-[a-z]{2}")) is not None,
+        "ebnf": lambda f: f.text(ebnf='root ::= "yes" | "no"') in ("yes", "no"),
+    }
+
+
+def stop_probe(f: Front) -> bool:
+    text = f.text(max_tokens=16, ignore_eos=True)
+    stop = text[4:6]
+    return f.text(max_tokens=16, ignore_eos=True, stop=stop) == text[:text.index(stop)]
+
+
+def user_probe(f: Front) -> bool:
+    name = f"user-{f.path}"
+    f.ok(user=name)
+    return f"user={name!r}" in f.server.output()
+
+
+def ignore_eos_probe(f: Front) -> bool:
+    """A sampled answer that ends at an EOS (not at max_tokens) goes on to max_tokens with ignore_eos."""
+    for seed in range(40):
+        cut = f.ok(temperature=1.5, seed=seed, max_tokens=48)
+        if cut["choices"][0]["finish_reason"] == "stop":
+            full = f.ok(temperature=1.5, seed=seed, max_tokens=48, ignore_eos=True)
+            return full["choices"][0]["finish_reason"] == "length" and full["usage"]["completion_tokens"] == 48
+    raise AssertionError("no seed ended at an EOS: choose other seeds")
+
+
+def parallel_probe(f: Front) -> bool:
+    def calls(parallel: bool) -> list[int]:
+        answer = f.ok(tools=TOOLS, tool_choice="required", n=8, temperature=1.0, seed=11, max_tokens=1000,
+                      parallel_tool_calls=parallel)
+        return [len(c["message"]["tool_calls"]) for c in answer["choices"]]
+    return max(calls(True)) > 1 and set(calls(False)) == {1}
+
+
+CHAT_PROBES = shared_probes() | {
+    "messages": lambda f: f.usage(messages=CHAT * 2)[0] > f.usage()[0],
+    "max_tokens": lambda f: f.usage(max_tokens=3, ignore_eos=True)[1] == 3,
+    "max_completion_tokens": lambda f: f.usage(max_tokens=5, max_completion_tokens=2, ignore_eos=True)[1] == 2,
+    "logprobs": lambda f: f.ok(logprobs=True)["choices"][0]["logprobs"]["content"]
+    and f.ok()["choices"][0]["logprobs"] is None,
+    "top_logprobs": lambda f: all(len(t["top_logprobs"]) == 3 for t in f.ok(
+        logprobs=True, top_logprobs=3)["choices"][0]["logprobs"]["content"]),
+    "tools": lambda f: f.usage(tools=TOOLS)[0] > f.usage()[0],
+    "tool_choice": lambda f: f.ok(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_time"}},
+                                  max_tokens=50)["choices"][0]["message"]["tool_calls"][0]["function"]["name"]
+    == "get_time",
+    "parallel_tool_calls": parallel_probe,
+    "chat_template_kwargs": lambda f: f.usage(chat_template_kwargs={"enable_thinking": False})[0] > f.usage()[0],
+}
+
+
+COMPLETION_PROBES = shared_probes() | {
+    "prompt": lambda f: f.usage(prompt=PROMPT * 2)[0] > f.usage()[0],
+    "max_tokens": lambda f: f.usage(max_tokens=3, ignore_eos=True)[1] == 3,
+    "logprobs": lambda f: len(f.ok(logprobs=2, ignore_eos=True)["choices"][0]["logprobs"]["token_logprobs"]) == 8
+    and f.ok()["choices"][0]["logprobs"] is None,
+    "echo": lambda f: f.text(echo=True) == PROMPT + f.text(),
+}
+
+RESPONSES_PROBES = {
+    "model": lambda f: f.send(model="other").status_code == 404,
+    "input": lambda f: f.usage(input=PROMPT * 2)[0] > f.usage()[0],
+    "instructions": lambda f: f.usage(instructions="Be terse.")[0] > f.usage()[0],
+    "max_output_tokens": lambda f: f.ok(max_output_tokens=3)["usage"]["output_tokens"] <= 3,
+    "temperature": lambda f: f.text(temperature=2.0, max_output_tokens=16) != f.text(max_output_tokens=16),
+    "top_p": lambda f: f.text(temperature=2.0, top_p=1e-6, max_output_tokens=16) == f.text(max_output_tokens=16),
+    "stream": lambda f: f.send(stream=True).text.startswith("event: response.created"),
+    "text": lambda f: isinstance(json.loads(f.text(text={"format": {"type": "json_object"}},
+                                                   max_output_tokens=300)), dict),
+    "store": lambda f: f.refused("store", store=True),
+    "metadata": lambda f: f.ok(metadata={"run": "42"})["metadata"] == {"run": "42"},
+    "user": user_probe,
+}
+
+FRONTS = {
+    "chat": (ChatCompletionRequest, CHAT_PROBES, "/v1/chat/completions",
+             {"model": "tiny", "messages": CHAT, "max_tokens": 8, "temperature": 0}),
+    "completions": (CompletionRequest, COMPLETION_PROBES, "/v1/completions",
+                    {"model": "tiny", "prompt": PROMPT, "max_tokens": 8, "temperature": 0}),
+    "responses": (ResponsesRequest, RESPONSES_PROBES, "/v1/responses",
+                  {"model": "tiny", "input": PROMPT, "max_output_tokens": 8, "temperature": 0}),
+}
+
+
+@pytest.mark.parametrize("front", FRONTS)
+def test_every_field_has_a_probe(front):
+    model, probes, _, _ = FRONTS[front]
+    assert set(model.model_fields) == set(probes)
+
+
+@pytest.mark.parametrize("front, field", [(front, field) for front, (_, probes, _, _) in FRONTS.items()
+                                          for field in probes])
+def test_each_field_is_honoured_or_refused(server, front, field):
+    _, probes, path, base = FRONTS[front]
+    assert probes[field](Front(server, path, base))
+
+
+@pytest.mark.parametrize("front", FRONTS)
+def test_a_field_no_model_declares_is_refused_by_name(server, front):
+    _, _, path, base = FRONTS[front]
+    for unknown in ("suffix", "service_tier", "reasoning_effort", "previous_response_id", "tools_choice"):
+        resp = Front(server, path, base).send(**{unknown: "x"})
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == unknown, resp.text
+        assert "unknown parameter" in resp.json()["error"]["message"]
