@@ -7,7 +7,8 @@
 #   WORKLOAD "structured" runs benchmarks/structured.py (W1 with and without a JSON schema) instead.
 #
 # TESTS=subset (default: the fast-path subset, under 4 minutes on one H200) | all | none.
-# Carry .bench_models (a copy of ../shared/models) for benchmarks and .whl (prepare-wheels.sh) for the
+# Carry .bench_models (a copy of ../shared/models) for benchmarks and .whl (prepare-wheels.sh, plus xgrammar,
+# apache-tvm-ffi and jsonschema for structured outputs) for the
 # server packages; TP=2 runs need two GPUs.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -22,7 +22,7 @@ if [ "${1:-}" = "--download-wheels" ]; then
   # the GPU image's own copies stay
   rm -f .whl/numpy-* .whl/pytest-* .whl/iniconfig-* .whl/pluggy-* .whl/pygments-* .whl/jinja2-* .whl/markupsafe-* \
         .whl/typing_extensions-* .whl/packaging-* .whl/tqdm-* .whl/anyio-* .whl/h11-* .whl/httpx-* .whl/httpcore-* \
-        .whl/sniffio-* .whl/msgpack-*
+        .whl/msgpack-*
   du -sh .whl
   exit 0
 fi

@@ -7,7 +7,7 @@ from __future__ import annotations
 import openai
 import pytest
 import torch
-from conftest import hf_model, make_llm, random_prompts
+from conftest import DEVICE, hf_model, make_llm, random_prompts
 from server_utils import Server
 from transformers import AutoTokenizer
 
@@ -17,8 +17,8 @@ from minisgl import SamplingParams
 def hf_prompt_logprobs(path: str, prompt: list[int]) -> torch.Tensor:
     """log_softmax of transformers' logits at positions 0..P-2: row i predicts prompt token i+1."""
     with torch.no_grad():
-        logits = hf_model(path)(torch.tensor([prompt])).logits[0].float()
-    return torch.log_softmax(logits[:-1], -1)
+        logits = hf_model(path)(torch.tensor([prompt], device=DEVICE)).logits[0].float()
+    return torch.log_softmax(logits[:-1], -1).cpu()
 
 
 @pytest.fixture(scope="module")

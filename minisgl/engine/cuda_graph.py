@@ -9,6 +9,7 @@ the device. Padding entries use the engine's padding row, whose pages are the po
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from typing import Callable
@@ -36,16 +37,23 @@ class DecodeGraphs:
         self.outputs: dict[int, torch.Tensor] = {}
         start, free_before = time.perf_counter(), torch.cuda.mem_get_info(device)[0]
         pool = None
-        with torch.inference_mode():
-            for bs in reversed(self.buckets):  # largest first: smaller graphs reuse its memory
-                rows, kv_lens = self.inputs[0, :bs], self.inputs[1, :bs]
-                decode(rows, kv_lens)  # warm-up outside the capture: kernels compile, workspaces appear
-                torch.cuda.synchronize(device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    self.outputs[bs] = decode(rows, kv_lens)
-                pool = graph.pool()
-                self.graphs[bs] = graph
+        # The garbage collector may run during a capture and free an earlier engine's graphs or pinned
+        # buffers, which CUDA forbids while a stream captures (the capture fails): collect first, then not.
+        gc.collect()
+        gc.disable()
+        try:
+            with torch.inference_mode():
+                for bs in reversed(self.buckets):  # largest first: smaller graphs reuse its memory
+                    rows, kv_lens = self.inputs[0, :bs], self.inputs[1, :bs]
+                    decode(rows, kv_lens)  # warm-up outside the capture: kernels compile, workspaces appear
+                    torch.cuda.synchronize(device)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool):
+                        self.outputs[bs] = decode(rows, kv_lens)
+                    pool = graph.pool()
+                    self.graphs[bs] = graph
+        finally:
+            gc.enable()
         torch.cuda.synchronize(device)
         self.capture_seconds = time.perf_counter() - start
         self.memory_bytes = free_before - torch.cuda.mem_get_info(device)[0]

@@ -18,7 +18,10 @@ from minisgl.scheduler import AddReq
 VOCAB = 400
 PROMPTS = random_prompts([1, 7, 33, 130, 260], VOCAB, seed=11)
 PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
-NEAR_TIE = 0.05  # nats between the reference's two best tokens below which bf16 may pick either
+# bf16 noise of two implementations on these tiny random models, both rounding apart from the fp32 truth
+# (transformers in bf16 is held to the same 0.15 below): a logprob may move by that much, and a greedy pick
+# whose two best tokens lie closer than that in the reference may go either way.
+BF16_TOLERANCE = 0.15
 
 
 def reference_engine(path: str) -> LLM:
@@ -26,13 +29,14 @@ def reference_engine(path: str) -> LLM:
 
 
 def assert_same_greedy(fast, ref) -> None:
-    """Equal tokens up to the reference's first near-tie; chosen-token logprobs within bf16 noise."""
+    """Equal tokens up to the reference's first near-tie (where either pick is right, and the texts may part);
+    chosen-token logprobs within bf16 noise."""
     for got, want in zip(fast, ref):
         for step, (g, w) in enumerate(zip(got.logprobs, want.logprobs)):
-            assert g.token_id == w.token_id, f"step {step}"
-            assert abs(g.logprob - w.logprob) < 0.1, f"step {step}"
-            if w.top[0][1] - w.top[1][1] < NEAR_TIE:
+            if w.top[0][1] - w.top[1][1] < BF16_TOLERANCE:
                 break
+            assert g.token_id == w.token_id, f"step {step}"
+            assert abs(g.logprob - w.logprob) < BF16_TOLERANCE, f"step {step}"
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -45,7 +49,7 @@ def test_fast_path_matches_torch_reference_and_transformers(tiny_models, arch):
     for out, prompt in zip(got, PROMPTS):
         hf = hf_logprobs(path, prompt, out.token_ids, dtype=torch.bfloat16)
         ours = torch.tensor([lp.logprob for lp in out.logprobs])
-        assert torch.allclose(ours, hf[torch.arange(len(ours)), out.token_ids], atol=0.15)
+        assert torch.allclose(ours, hf[torch.arange(len(ours)), out.token_ids], atol=BF16_TOLERANCE)
 
 
 @pytest.mark.parametrize("batch", [3, 20])
