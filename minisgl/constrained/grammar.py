@@ -29,9 +29,6 @@ if TYPE_CHECKING:
     import xgrammar
 
 COMPILE_THREADS = 2  # grammars compile concurrently; xgrammar also spreads one compilation over threads
-# A step's masks are filled in parallel: one row of a 150k-token vocabulary takes tens of microseconds, so
-# hundreds of constrained rows filled one by one would cost more than the step itself.
-FILL_THREADS = min(8, os.cpu_count() or 1)
 
 
 def check(constraint: Constraint) -> None:
@@ -107,7 +104,8 @@ class Grammars:
         self._compiler = self.pool.submit(self._make_compiler, tokenizer_path, vocab_size, eos_ids)
         self.compiling: dict[int, Future] = {}  # rid -> compiled grammar, in arrival order
         self.matchers: dict[int, "xgrammar.GrammarMatcher"] = {}
-        self._filler: "xgrammar.BatchGrammarMatcher | None" = None  # fills a batch's masks on threads
+        self._filler: "xgrammar.BatchGrammarMatcher | None" = None
+        self._mask: torch.Tensor | None = None  # reused: allocating 5 MB of ones per step cost more than filling
 
     @staticmethod
     def _make_compiler(tokenizer_path: str, vocab_size: int, eos_ids: list[int]) -> "xgrammar.GrammarCompiler":
@@ -148,15 +146,21 @@ class Grammars:
 
     def bitmask(self, rids: list[int]) -> torch.Tensor | None:
         """[len(rids), ceil(V/32)] int32 on the host: each constrained request's allowed tokens, all
-        ones for the others; None when none of them is constrained."""
+        ones for the others; None when none of them is constrained. A view of a buffer the next call refills (the
+        step that reads it has been copied to the device by then)."""
         import xgrammar as xgr
 
         rows = [i for i, rid in enumerate(rids) if rid in self.matchers]
         if not rows:
             return None
-        mask = xgr.allocate_token_bitmask(len(rids), self.vocab_size)  # all ones
-        if self._filler is None:
-            self._filler = xgr.BatchGrammarMatcher(max_threads=FILL_THREADS)
+        if self._filler is None:  # one thread: threads cost more than they saved at tens of microseconds a row
+            self._filler = xgr.BatchGrammarMatcher(max_threads=1)
+        held = 0 if self._mask is None else len(self._mask)
+        if held < len(rids):
+            self._mask = xgr.allocate_token_bitmask(max(len(rids), 2 * held), self.vocab_size)
+        mask = self._mask[:len(rids)]
+        if len(rows) < len(rids):
+            mask[[i for i, rid in enumerate(rids) if rid not in self.matchers]] = -1  # all allowed
         self._filler.batch_fill_next_token_bitmask([self.matchers[rids[i]] for i in rows], mask, rows)
         return mask
 

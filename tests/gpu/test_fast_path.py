@@ -39,17 +39,26 @@ def assert_same_greedy(fast, ref) -> None:
             assert abs(g.logprob - w.logprob) < BF16_TOLERANCE, f"step {step}"
 
 
+def bf16_error(path: str, outs) -> float:
+    """The largest distance of an engine's chosen-token logprobs from transformers' in float32 (the truth),
+    scored on that engine's own tokens."""
+    worst = 0.0
+    for out, prompt in zip(outs, PROMPTS):
+        truth = hf_logprobs(path, prompt, out.token_ids)[torch.arange(len(out.token_ids)), out.token_ids]
+        worst = max(worst, (torch.tensor([lp.logprob for lp in out.logprobs]) - truth.cpu()).abs().max().item())
+    return worst
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fast_path_matches_torch_reference_and_transformers(tiny_models, arch):
+    """In bf16 the fast path picks the reference's tokens, and strays from the float32 truth no further than
+    the torch reference does (in float32 it is token-exact against transformers: test_engine_vs_hf)."""
     path = tiny_models[arch]
     fast = make_llm(path, dtype="bfloat16")
     assert fast.engine.graphs is not None and fast.scheduler.overlap
-    got = fast.generate(PROMPTS, PARAMS)
-    assert_same_greedy(got, reference_engine(path).generate(PROMPTS, PARAMS))
-    for out, prompt in zip(got, PROMPTS):
-        hf = hf_logprobs(path, prompt, out.token_ids, dtype=torch.bfloat16)
-        ours = torch.tensor([lp.logprob for lp in out.logprobs])
-        assert torch.allclose(ours, hf[torch.arange(len(ours)), out.token_ids], atol=BF16_TOLERANCE)
+    got, want = fast.generate(PROMPTS, PARAMS), reference_engine(path).generate(PROMPTS, PARAMS)
+    assert_same_greedy(got, want)
+    assert bf16_error(path, got) <= 1.5 * bf16_error(path, want) + 0.02
 
 
 @pytest.mark.parametrize("batch", [3, 20])
