@@ -6,7 +6,8 @@ TP 1 and 384 at TP 2): correctness against the torch reference, then times per t
                                        # table rows, ready to paste into CONFIGS
 
 Times are CUDA-graph replays (as the decode step runs), in ms per MoE layer; align is the sort step
-alone, torch the reference loop (small T only: it syncs once per expert).
+alone, route the fused router against torch's softmax + topk (route_torch), torch the reference loop
+(small T only: it syncs once per expert). --align-sweep also times align at other pairs per program.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import argparse
 import torch
 from triton.testing import do_bench, do_bench_cudagraph
 
-from minisgl.kernels.fused_moe import MoEConfig, align, fused_experts, pick_config
+from minisgl.kernels.fused_moe import MoEConfig, align, fused_experts, pick_config, route_fused
 from minisgl.layers.moe import experts_torch, route
 
 EXPERTS, TOP_K, HIDDEN, LAYERS = 128, 8, 2048, 48
@@ -64,8 +65,9 @@ def time_fused(args: tuple, config: MoEConfig) -> float:
     return do_bench_cudagraph(lambda: fused_experts(*args, config=config), rep=20)
 
 
-def bench(w13: torch.Tensor, w2: torch.Tensor, sweep: bool, gen: torch.Generator) -> list[tuple[int, MoEConfig]]:
-    print(f"{'tokens':>7} {'fused_ms':>9} {'align_ms':>9} {'torch_ms':>9}" + (
+def bench(w13: torch.Tensor, w2: torch.Tensor, sweep: bool, align_sweep: bool, gen: torch.Generator
+          ) -> list[tuple[int, MoEConfig]]:
+    print(f"{'tokens':>7} {'fused_ms':>9} {'align_ms':>9} {'route_ms':>9} {'route_torch':>11} {'torch_ms':>9}" + (
         f" {'best_ms':>8}  best config" if sweep else ""))
     best_rows = []
     for num_tokens in TOKENS:
@@ -74,8 +76,14 @@ def bench(w13: torch.Tensor, w2: torch.Tensor, sweep: bool, gen: torch.Generator
         config = pick_config(num_tokens, TOP_K, w13)
         fused = time_fused(args, config)
         aligned = do_bench_cudagraph(lambda: align(ids, EXPERTS, config.block_m), rep=20)
+        logits = torch.randn(num_tokens, EXPERTS, device="cuda", generator=gen).bfloat16()
+        routed = [do_bench_cudagraph(lambda: fn(logits, TOP_K, True), rep=20) for fn in (route_fused, route)]
         ref = do_bench(lambda: experts_torch(*args), rep=50) if num_tokens <= TORCH_MAX_TOKENS else float("nan")
-        line = f"{num_tokens:>7} {fused:>9.4f} {aligned:>9.4f} {ref:>9.3f}"
+        line = f"{num_tokens:>7} {fused:>9.4f} {aligned:>9.4f} {routed[0]:>9.4f} {routed[1]:>11.4f} {ref:>9.3f}"
+        if align_sweep:
+            line += "  align by pairs/program: " + " ".join(
+                f"{ppp}={do_bench_cudagraph(lambda: align(ids, EXPERTS, config.block_m, ppp), rep=20):.4f}"
+                for ppp in (32, 64, 128, 256, 512))
         if sweep:
             best_ms, best = min(((time_fused(args, c), c) for c in {config, *candidates(num_tokens)}),
                                 key=lambda timed: timed[0])
@@ -98,6 +106,7 @@ def table_rows(inter: int, rows: list[tuple[int, MoEConfig]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true", help="try candidate configs, print the best as table rows")
+    parser.add_argument("--align-sweep", action="store_true", help="time align at other pairs per program")
     parser.add_argument("--inter", type=int, nargs="+", default=[768, 384], help="I_local (768: TP 1, 384: TP 2)")
     args = parser.parse_args()
     print(torch.cuda.get_device_name())
@@ -108,7 +117,7 @@ def main() -> None:
             print(f"\nE={EXPERTS} top_k={TOP_K} H={HIDDEN} I_local={inter}")
             w13, w2 = make_experts(inter, gen)
             check(w13, w2, gen)
-            best_rows = bench(w13, w2, args.sweep, gen)
+            best_rows = bench(w13, w2, args.sweep, args.align_sweep, gen)
             if args.sweep:
                 tables.append(table_rows(inter, best_rows))
     if args.sweep:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import DEVICE
 
-from minisgl.kernels.fused_moe import MoEConfig, align, fused_experts
+from minisgl.kernels.fused_moe import MoEConfig, align, fused_experts, route_fused
 from minisgl.layers.moe import experts_torch, route
 
 ON_GPU = DEVICE == "cuda"
@@ -50,6 +50,17 @@ def test_fused_matches_reference(num_tokens, num_experts, top_k, renormalize):
     """The config of the table or the default heuristic, on random routing."""
     w13, w2 = make_experts(num_experts)
     check_fused(*make_tokens(num_tokens, num_experts), w13, w2, top_k, renormalize)
+
+
+@pytest.mark.parametrize("num_tokens, num_experts, top_k, renormalize", [
+    (5, 8, 2, True), (9, 60, 4, False), (33, 128, 8, True), (0, 16, 2, True)])
+def test_fused_route_matches_reference(num_tokens, num_experts, top_k, renormalize):
+    """The one-launch router picks the reference's experts in its order (highest first), with its weights."""
+    logits = make_tokens(num_tokens, num_experts)[1].to(DTYPE)
+    weights, ids = route_fused(logits, top_k, renormalize)
+    want_weights, want_ids = route(logits, top_k, renormalize)
+    assert torch.equal(ids.long(), want_ids)
+    assert torch.allclose(weights, want_weights, atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("config", [SMALL_TILES, WIDE_TILES], ids=["block_m16", "block_m64"])

@@ -95,6 +95,44 @@ def _place_kernel(ids_ptr, counts_ptr, sorted_ptr, block_expert_ptr, num_padded_
         cursor += tl.sum(hit, axis=0)
 
 
+@triton.jit
+def _route_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride, TOP_K: tl.constexpr,
+                  K_POW2: tl.constexpr, E_POW2: tl.constexpr, RENORMALIZE: tl.constexpr):
+    """One token: softmax over its experts in float32, then the top k by repeated argmax (ties to the
+    lower expert id), highest first, optionally renormalised."""
+    row = tl.program_id(0)
+    experts = tl.arange(0, E_POW2)
+    x = tl.load(logits_ptr + row * stride + experts, mask=experts < num_experts, other=-float("inf")).to(tl.float32)
+    p = tl.exp(x - tl.max(x, axis=0))
+    p = p / tl.sum(p, axis=0)
+    slots = tl.arange(0, K_POW2)
+    weights = tl.zeros([K_POW2], dtype=tl.float32)
+    ids = tl.zeros([K_POW2], dtype=tl.int32)
+    for k in tl.static_range(TOP_K):
+        best = tl.max(p, axis=0)
+        pick = tl.min(tl.where(p == best, experts, E_POW2), axis=0)
+        weights = tl.where(slots == k, best, weights)
+        ids = tl.where(slots == k, pick, ids)
+        p = tl.where(experts == pick, -1.0, p)
+    if RENORMALIZE:
+        weights = weights / tl.sum(weights, axis=0)
+    tl.store(weights_ptr + row * TOP_K + slots, weights, mask=slots < TOP_K)
+    tl.store(ids_ptr + row * TOP_K + slots, ids, mask=slots < TOP_K)
+
+
+def route_fused(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """`minisgl.layers.moe.route` in one launch: weights [T, top_k] float32 and ids [T, top_k] int32
+    (the torch path's softmax, top-k sort and renormalisation are five launches)."""
+    tokens, num_experts = router_logits.shape
+    weights = torch.empty(tokens, top_k, dtype=torch.float32, device=router_logits.device)
+    ids = torch.empty(tokens, top_k, dtype=torch.int32, device=router_logits.device)
+    if tokens:
+        _route_kernel[(tokens,)](router_logits, weights, ids, num_experts, router_logits.stride(0), TOP_K=top_k,
+                                 K_POW2=triton.next_power_of_2(top_k), E_POW2=triton.next_power_of_2(num_experts),
+                                 RENORMALIZE=renormalize)
+    return weights, ids
+
+
 def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
     """Upper bound on sum_e ceil(count_e / block_m): at most one partial block per expert that got a pair."""
     return num_pairs // block_m + min(num_pairs, num_experts)

@@ -17,9 +17,9 @@ from minisgl.layers.activation import silu_and_mul
 from minisgl.layers.linear import check_shape
 
 try:
-    from minisgl.kernels.fused_moe import fused_experts
+    from minisgl.kernels.fused_moe import fused_experts, route_fused
 except ImportError:  # no Triton: the torch path everywhere
-    fused_experts = None
+    fused_experts = route_fused = None
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,6 +72,8 @@ class SparseMoE(nn.Module):
             check_shape(param, loaded.narrow(1, self.tp.rank * n, n), param.data[expert])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and fused_experts is not None:
+            weights, ids = route_fused(self.gate(x), self.top_k, self.renormalize)
+            return self.tp.all_reduce(fused_experts(x, self.w13, self.w2, weights, ids))
         weights, ids = route(self.gate(x), self.top_k, self.renormalize)
-        experts = fused_experts if x.is_cuda and fused_experts is not None else experts_torch
-        return self.tp.all_reduce(experts(x, self.w13, self.w2, weights, ids))
+        return self.tp.all_reduce(experts_torch(x, self.w13, self.w2, weights, ids))
