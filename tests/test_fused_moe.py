@@ -55,8 +55,9 @@ def test_fused_matches_reference(num_tokens, num_experts, top_k, renormalize):
 @pytest.mark.parametrize("num_tokens, num_experts, top_k, renormalize", [
     (5, 8, 2, True), (9, 60, 4, False), (33, 128, 8, True), (0, 16, 2, True)])
 def test_fused_route_matches_reference(num_tokens, num_experts, top_k, renormalize):
-    """The one-launch router picks the reference's experts in its order (highest first), with its weights."""
-    logits = make_tokens(num_tokens, num_experts)[1].to(DTYPE)
+    """The one-launch router picks the reference's experts in its order (highest first), with its weights.
+    float32 logits: bf16 ones tie often, and which of two tied experts comes first is not specified."""
+    logits = make_tokens(num_tokens, num_experts)[1]
     weights, ids = route_fused(logits, top_k, renormalize)
     want_weights, want_ids = route(logits, top_k, renormalize)
     assert torch.equal(ids.long(), want_ids)
