@@ -1,9 +1,14 @@
 """Dummy weights are one model at any tensor-parallel size: each rank's shard is the slice of the tensor
-a TP=1 engine draws, so benchmarks on dummy weights can check TP=2 against TP=1."""
+a TP=1 engine draws, so benchmarks on dummy weights can check TP=2 against TP=1. And a TP engine whose
+rank dies fails at once instead of waiting for it for ever."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,3 +73,30 @@ def test_dummy_tensor_depends_on_name_and_seed_alone():
     other_seed = dummy_tensor("model.layers.3.mlp.down_proj.weight", (8, 4), gen, torch.float32, seed=1)
     assert torch.equal(first, again) and not torch.equal(first, other_seed)
     assert first.std().item() == pytest.approx(0.02, rel=0.5)
+
+
+def test_tp2_dead_follower_fails_the_call_then_the_engine_stays_stopped(tmp_path, tiny_models):
+    path = config_dir(tmp_path, tiny_models["qwen3"])
+    prompt = random_prompts([9], 400)[0]
+    llm = make_llm(str(path), dummy_weights=True, tp_size=2)
+    assert len(llm.generate(prompt, GREEDY)[0].token_ids) == TOKENS
+    follower = llm._followers.procs[0]
+    os.kill(follower.pid, signal.SIGKILL)  # as the OOM killer would
+    with pytest.raises(RuntimeError, match=rf"tp-rank-1 \(pid {follower.pid}\) exited with code -9"):
+        llm.generate(prompt, GREEDY)
+    with pytest.raises(RuntimeError, match="this engine has stopped: tp-rank-1"):
+        llm.generate(prompt, GREEDY)
+    llm.shutdown()
+
+
+def test_tp2_follower_dying_before_it_joins_fails_rank_0(tmp_path, tiny_models):
+    """A script without the `if __name__ == "__main__"` guard: each spawned rank re-runs it and dies while
+    starting up, so rank 0 would wait at the rendezvous for ever."""
+    path = config_dir(tmp_path, tiny_models["qwen3"])
+    script = tmp_path / "unguarded.py"
+    script.write_text(f"from minisgl import LLM\nLLM({str(path)!r}, device='cpu', dtype='float32', tp_size=2, "
+                      "num_pages=64, dummy_weights=True)\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == 1
+    assert "RuntimeError: tp-rank-1" in proc.stderr and "exited with code 1" in proc.stderr
