@@ -93,9 +93,13 @@ def init_tp_group(rank: int, size: int, device: torch.device, port: int,
     arrive calling `check_peers` meanwhile, which raises if one of them died before it could join."""
     if size == 1:
         return TPGroup()
-    if device.type == "cuda" and size > torch.cuda.device_count():
-        raise ValueError(f"tensor-parallel size {size} needs {size} GPUs, but {torch.cuda.device_count()} "
-                         f"are visible")
+    if device.type == "cuda":
+        if size > torch.cuda.device_count():
+            raise ValueError(f"tensor-parallel size {size} needs {size} GPUs, but {torch.cuda.device_count()} "
+                             f"are visible")
+        # Before anything touches CUDA: NCCL and Triton use the current device, and a rank left on GPU 0
+        # would put a context there (and launch kernels on GPU 0's stream with its own GPU's pointers).
+        torch.cuda.set_device(device)
     store = dist.TCPStore("127.0.0.1", port, size, is_master=rank == 0, timeout=STEP_TIMEOUT,
                           wait_for_workers=False)
     if rank > 0:
