@@ -58,8 +58,8 @@ def test_tp2_dummy_equals_tp1_and_transformers(tmp_path, tiny_models, kind):
             assert [t for t, _ in x.top] == [t for t, _ in y.top]
             assert [lp for _, lp in y.top] == pytest.approx([lp for _, lp in x.top], abs=1e-4)
     # The dummy model is a real one: written out as a checkpoint, transformers generates the same tokens.
-    gen = torch.Generator("cpu")
-    tensors = {name: dummy_tensor(name, shape, gen, torch.float32)
+    gen = torch.Generator(DEVICE)  # the engine draws on its device: so must we, to get the same numbers
+    tensors = {name: dummy_tensor(name, shape, gen, torch.float32).cpu()
                for name, shape in checkpoint_layout(ModelConfig.from_dir(path)).items()}
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     assert hf_greedy(str(path), prompts, TOKENS) == [o.token_ids for o in tp1]
