@@ -2,6 +2,8 @@
 
 Tensors are read one at a time from each safetensors file and copied (this rank's slice only) into
 parameters that already live on the device, so peak host memory is about one tensor, not the model.
+Dummy weights (benchmarks) take the same path: full tensors drawn on the device one at a time, so a
+rank's shard is exactly the slice a TP=1 engine has.
 """
 
 from __future__ import annotations
