@@ -68,7 +68,7 @@ class TPGroup:
         """End waits on device collectives that can never complete (a peer died): an NCCL kernel spinning
         for the dead peer returns and the next collective raises. Gloo needs none of this."""
         if self.size > 1 and dist.is_initialized() and dist.get_backend(self.device_group) == "nccl":
-            dist.distributed_c10d._abort_process_group(self.device_group)
+            self.device_group.abort()
 
     def destroy(self) -> None:
         if self.size > 1:
