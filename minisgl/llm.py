@@ -3,12 +3,12 @@
     llm = LLM("path/or/hf-id", device="cpu", dtype="float32")
     outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))
 
-With tp_size > 1 this process is rank 0 and spawns ranks 1..N-1, which follow its decisions.
+With tp_size > 1 this process is rank 0 and spawns ranks 1..N-1, which follow its decisions. Any rank
+failing ends them all: the call that saw it raises, and later calls say the engine has stopped.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import random
 from dataclasses import dataclass
 from itertools import count
@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Sequence
 
 from minisgl.core import Req, SamplingParams, TokenLogprob, check_request
-from minisgl.distributed import free_port, init_tp_group
+from minisgl.distributed import free_port, init_tp_group, leave_tp_group
 from minisgl.engine.config import EngineArgs
 from minisgl.engine.engine import Engine, resolve_device
 from minisgl.scheduler import AddReq, Scheduler, Shutdown
-from minisgl.scheduler.follower import run_follower
+from minisgl.scheduler.follower import Followers
 
 
 @dataclass
@@ -56,19 +56,22 @@ class LLM:
                           max_running_requests, attention_backend, max_seq_len, memory_ratio, dummy_weights,
                           cuda_graph_max_bs, overlap_schedule)
         port = free_port()
-        spawn = multiprocessing.get_context("spawn")
-        self._followers = [spawn.Process(target=run_follower, args=(rank, tp_size, port, args), daemon=True)
-                           for rank in range(1, tp_size)]
-        for proc in self._followers:
-            proc.start()
-        device_ = resolve_device(device, 0)
-        self._tp = init_tp_group(0, tp_size, device_, port)
-        self.engine = Engine(args, self._tp, device_)
-        self.scheduler = Scheduler(self.engine, self._tp)
+        self._closed = True  # until built: nothing to shut down
+        self._followers = Followers(tp_size, port, args)
+        try:
+            device_ = resolve_device(device, 0)
+            self._tp = self._followers.tp = init_tp_group(0, tp_size, device_, port, self._followers.check)
+            self.engine = Engine(args, self._tp, device_)
+            self.scheduler = Scheduler(self.engine, self._tp)
+        except BaseException:
+            self._followers.stop()
+            leave_tp_group()
+            raise
         self.tokenizer = load_tokenizer(self.engine.model_path)
         self._rids = count()
         self._seeds = random.Random()  # seeds for requests that give none; drawn here, shared by all ranks
         self._closed = False
+        self._stopped: str | None = None  # why a failed TP engine stopped
 
     def generate(self, prompts: str | list[int] | Sequence[str] | Sequence[list[int]],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
@@ -79,15 +82,33 @@ class LLM:
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
         reqs = [self._make_req(prompt, p) for prompt, p in zip(prompts, params)]
+        if self._stopped is not None:
+            raise RuntimeError(f"this engine has stopped: {self._stopped}")
         pending = {req.rid for req in reqs}
         messages = [AddReq(req) for req in reqs]
-        while pending:
-            self.scheduler.tick(messages)
-            messages = []
-            for req in self.scheduler.finished:
-                pending.discard(req.rid)
-            self.scheduler.finished.clear()
+        try:
+            while pending:
+                self.scheduler.tick(messages)
+                messages = []
+                for req in self.scheduler.finished:
+                    pending.discard(req.rid)
+                self.scheduler.finished.clear()
+        except BaseException as exc:
+            if not self._followers.procs:
+                raise
+            self._stop_after(exc)
+            if isinstance(exc, Exception):  # say which rank died, not just that a socket closed
+                raise RuntimeError(f"tensor-parallel engine stopped: {self._stopped}") from exc
+            raise
         return [self._output(req) for req in reqs]
+
+    def _stop_after(self, exc: BaseException) -> None:
+        """A step failed with tensor parallelism: the ranks are out of lockstep, so stop them all."""
+        # A follower dying is the cause, not the broken pipe rank 0 saw: give the watcher a moment to see it.
+        self._stopped = self._followers.death_within(1.0) or f"{type(exc).__name__}: {exc}"
+        self._followers.stop()
+        self._tp.destroy()
+        self._closed = True
 
     def _make_req(self, prompt: str | list[int], params: SamplingParams) -> Req:
         if isinstance(prompt, str):
@@ -114,10 +135,10 @@ class LLM:
         if self._closed:
             return
         self._closed = True
-        if self._followers:
+        if self._followers.procs:
+            self._followers.stopping.set()  # their exits are expected now
             self.scheduler.tick([Shutdown()])
-            for proc in self._followers:
-                proc.join(timeout=30)
+            self._followers.stop(grace=30)
             self._tp.destroy()
 
     def __enter__(self) -> "LLM":

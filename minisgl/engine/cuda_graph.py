@@ -48,7 +48,9 @@ class DecodeGraphs:
                     decode(rows, kv_lens)  # warm-up outside the capture: kernels compile, workspaces appear
                     torch.cuda.synchronize(device)
                     graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool):
+                    # thread_local: another thread's CUDA calls (NCCL's watchdog polling earlier collectives'
+                    # events, with tensor parallelism) must not invalidate this thread's capture.
+                    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
                         self.outputs[bs] = decode(rows, kv_lens)
                     pool = graph.pool()
                     self.graphs[bs] = graph

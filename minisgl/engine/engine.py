@@ -10,6 +10,7 @@ step's tokens (overlap scheduling). The host learns them through one device->hos
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ from minisgl.models import load_model, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
+TP_GRAPHS_ENV = "MINISGL_TP_CUDA_GRAPHS"  # "1": capture decode graphs with tensor parallelism too (experimental)
 CPU_KV_BUDGET = 256 << 20  # bytes of KV pool on a CPU when num_pages is not given
 PROMPT_SCORE_ROWS = 256  # prompt positions scored at once: bounds the [rows, vocab] float32 logits
 
@@ -101,10 +103,12 @@ class Engine:
         self.page_size = args.page_size
         prefill_name, decode_name = backend_names(args.attention_backend, device)
         graph_bs = min(args.cuda_graph_max_bs, args.max_running_requests) if device.type == "cuda" else 0
-        if graph_bs and tp.size > 1:
-            # torch.distributed's NCCL collectives keep host-side state that a graph replay does not
-            # advance; until the collectives go through a graph-safe communicator, TP decodes eagerly.
-            logger.warning("CUDA graphs are off with tensor parallelism (eager decode)")
+        if graph_bs and tp.size > 1 and os.environ.get(TP_GRAPHS_ENV) != "1":
+            # Capturing NCCL collectives is supported (the communicator exists from the start, a warm-up
+            # step precedes each capture, every rank captures the same buckets in the same order), but it
+            # has not been checked on GPUs yet: until it is, TP decodes eagerly unless asked.
+            logger.warning("CUDA graphs are off with tensor parallelism (eager decode); %s=1 turns them on",
+                           TP_GRAPHS_ENV)
             graph_bs = 0
         self.num_pages = args.num_pages or self._pages_from_memory(attn.kv_heads, config.head_dim, graph_bs)
         self.pool = KVPool(config.num_layers, self.num_pages, args.page_size, attn.kv_heads, config.head_dim,
@@ -124,6 +128,8 @@ class Engine:
         self.load_seconds = time.perf_counter() - start
         self.graphs: DecodeGraphs | None = None
         if graph_bs > 0 and self.decode_backend.supports_cuda_graph:
+            if tp.size > 1:  # start together: a rank still loading must not hold the others inside a collective
+                dist.barrier(group=tp.cpu_group)
             self.graphs = DecodeGraphs(self._decode_logits, graph_bs, self.pad_row, device)
 
     def _pages_from_memory(self, kv_heads: int, head_dim: int, graph_bs: int) -> int:

@@ -2,11 +2,14 @@
 
 Tensors are read one at a time from each safetensors file and copied (this rank's slice only) into
 parameters that already live on the device, so peak host memory is about one tensor, not the model.
+Dummy weights (benchmarks) take the same path: full tensors drawn on the device one at a time, so a
+rank's shard is exactly the slice a TP=1 engine has.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -79,52 +82,116 @@ def checkpoint_files(path: Path) -> list[Path]:
     return files
 
 
+class WeightSink:
+    """Takes full checkpoint tensors one at a time and copies this rank's slice of each into place, through
+    the parameters' own weight loaders (the one slicing code for real and dummy weights); `check_complete`
+    then names any parameter that did not get all its pieces."""
+
+    def __init__(self, model: CausalLM):
+        self.model = model
+        self.params = dict(model.named_parameters())
+        self.loaded: Counter[str] = Counter()
+
+    def wants(self, name: str) -> bool:
+        return self.model.param_for(name) is not None
+
+    def put(self, name: str, tensor: torch.Tensor, source: str) -> None:
+        """Copy this rank's part of checkpoint tensor `name` (read from `source`, for error messages)."""
+        target = self.model.param_for(name)
+        if target is None:
+            return
+        param_name, shard = target
+        param = self.params.get(param_name)
+        if param is None:
+            raise ModelLoadError(f"unexpected tensor {name!r} in {source}: the model has no parameter {param_name!r}")
+        loader = getattr(param, "weight_loader", None)
+        try:
+            if loader is None:
+                if tensor.shape != param.shape:
+                    raise ValueError(f"shape mismatch: checkpoint {tuple(tensor.shape)} vs parameter "
+                                     f"{tuple(param.shape)}")
+                param.data.copy_(tensor)
+            elif shard is None:
+                loader(param, tensor)
+            else:
+                loader(param, tensor, shard)
+        except (ValueError, RuntimeError) as exc:  # RuntimeError: a slice outside a short tensor
+            raise ModelLoadError(f"tensor {name!r} in {source} (shape {tuple(tensor.shape)}) does not fit "
+                                 f"parameter {param_name!r} {tuple(param.shape)}: {exc}") from None
+        self.loaded[param_name] += 1
+
+    def check_complete(self, source: str) -> None:
+        missing = [n for n, p in self.params.items() if self.loaded[n] < getattr(p, "num_shards", 1)]
+        if missing:
+            shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+            raise ModelLoadError(f"{source} lacks tensors for: {shown}")
+
+
 @torch.no_grad()
 def load_weights(model: CausalLM, path: Path) -> None:
-    params = dict(model.named_parameters())
-    loaded: Counter[str] = Counter()
+    sink = WeightSink(model)
     for file in checkpoint_files(path):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():
-                target = model.param_for(name)
-                if target is None:
-                    continue
-                param_name, shard = target
-                param = params.get(param_name)
-                if param is None:
-                    raise ModelLoadError(f"unexpected tensor {name!r} in {file.name}: the model has no "
-                                         f"parameter {param_name!r}")
-                loader = getattr(param, "weight_loader", None)
-                tensor = f.get_tensor(name)
-                try:
-                    if loader is None:
-                        if tensor.shape != param.shape:
-                            raise ValueError(f"shape mismatch: checkpoint {tuple(tensor.shape)} vs "
-                                             f"parameter {tuple(param.shape)}")
-                        param.data.copy_(tensor)
-                    elif shard is None:
-                        loader(param, tensor)
-                    else:
-                        loader(param, tensor, shard)
-                except (ValueError, RuntimeError) as exc:  # RuntimeError: a slice outside a short tensor
-                    raise ModelLoadError(f"tensor {name!r} in {file.name} (shape {tuple(tensor.shape)}) does not "
-                                         f"fit parameter {param_name!r} {tuple(param.shape)}: {exc}") from None
-                loaded[param_name] += 1
-    missing = [n for n, p in params.items() if loaded[n] < getattr(p, "num_shards", 1)]
-    if missing:
-        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-        raise ModelLoadError(f"checkpoint {path} lacks tensors for: {shown}")
+                if sink.wants(name):
+                    sink.put(name, f.get_tensor(name), file.name)
+    sink.check_complete(f"checkpoint {path}")
+
+
+def checkpoint_layout(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Name and full shape of every tensor a Hugging Face checkpoint of `config` holds (tied embeddings
+    store no lm_head), in the checkpoint's own, unmerged and unsharded, form."""
+    c, h = config, config.hidden_size
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    layout: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h), "model.norm.weight": (h,)}
+    if not c.tie_word_embeddings:
+        layout["lm_head.weight"] = (c.vocab_size, h)
+    for i in range(c.num_layers):
+        layer, attn, mlp = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        layout[layer + "input_layernorm.weight"] = layout[layer + "post_attention_layernorm.weight"] = (h,)
+        for proj, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+            layout[f"{attn}{proj}.weight"] = (rows, h)
+            if c.qkv_bias:
+                layout[f"{attn}{proj}.bias"] = (rows,)
+        layout[attn + "o_proj.weight"] = (h, q)
+        if c.o_proj_bias:
+            layout[attn + "o_proj.bias"] = (h,)
+        if c.qk_norm:
+            layout[attn + "q_norm.weight"] = layout[attn + "k_norm.weight"] = (c.head_dim,)
+        if c.is_moe_layer(i):
+            layout[mlp + "gate.weight"] = (c.num_experts, h)
+            experts = [f"{mlp}experts.{e}." for e in range(c.num_experts)]
+            inter = c.moe_intermediate_size
+        else:
+            experts, inter = [mlp], c.intermediate_size
+        for prefix in experts:
+            layout[prefix + "gate_proj.weight"] = layout[prefix + "up_proj.weight"] = (inter, h)
+            layout[prefix + "down_proj.weight"] = (h, inter)
+    return layout
+
+
+def dummy_tensor(name: str, shape: tuple[int, ...], gen: torch.Generator, dtype: torch.dtype,
+                 seed: int = 0) -> torch.Tensor:
+    """Checkpoint tensor `name` of the dummy model: ones for norms, else normal(0, 0.02) drawn from a seed
+    that depends on the name alone, so every rank and every TP size sees the same full tensor."""
+    if name.endswith("norm.weight"):
+        return torch.ones(shape, dtype=dtype, device=gen.device)
+    digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
+    gen.manual_seed(int.from_bytes(digest, "little") >> 1)
+    return torch.empty(shape, dtype=dtype, device=gen.device).normal_(0.0, 0.02, generator=gen)
 
 
 @torch.no_grad()
 def init_dummy_weights(model: CausalLM, seed: int = 0) -> None:
-    """Random weights of the right shapes, for benchmarks: small normal matrices, unit norms."""
-    gen = torch.Generator(next(model.parameters()).device).manual_seed(seed)
-    for name, param in model.named_parameters():
-        if name.endswith("norm.weight"):
-            param.fill_(1.0)
-        else:
-            param.normal_(0.0, 0.02, generator=gen)
+    """Random weights of the right shapes, for benchmarks. Each full checkpoint tensor is drawn on the
+    model's device, one at a time, and sliced like a real checkpoint's: a TP=N engine is the same model
+    as a TP=1 engine, and peak memory is one full tensor on top of the shards."""
+    param = next(model.parameters())
+    gen = torch.Generator(param.device)
+    sink = WeightSink(model)
+    for name, shape in checkpoint_layout(model.config).items():
+        sink.put(name, dummy_tensor(name, shape, gen, param.dtype, seed), "the dummy weights")
+    sink.check_complete("the dummy weights")
 
 
 def load_model(path: str | Path, tp: TPGroup, device: torch.device, dtype: str | torch.dtype = "auto",
