@@ -67,12 +67,16 @@ def test_fields_pass_through(codec):
     assert run(codec, CHAT | {"top_k": 0}).params.top_k == -1  # vLLM's "off"
 
 
-def test_max_tokens_choice_and_clamp(codec):
+def test_max_tokens_choice_and_room(codec):
+    """Left out, max_tokens (and min_tokens with it) is lowered to the room the context leaves; asked for
+    beyond that room, it is refused as vLLM and SGLang refuse it."""
     room = LIMITS.max_seq_len - len(run(codec, CHAT).prompts[0])
     assert run(codec, CHAT | {"max_tokens": 10, "max_completion_tokens": 20}).params.max_tokens == 20
     assert run(codec, CHAT | {"max_tokens": 10}).params.max_tokens == 10
-    assert run(codec, CHAT | {"max_completion_tokens": 5000}).params.max_tokens == room
-    p = run(codec, {"model": "m", "prompt": [1] * 60, "max_tokens": 500, "min_tokens": 400}).params
+    assert run(codec, CHAT | {"max_completion_tokens": room}).params.max_tokens == room
+    error = refusal(codec, CHAT | {"max_completion_tokens": room + 1})
+    assert (error.param, error.code) == ("max_completion_tokens", "context_length_exceeded")
+    p = run(codec, {"model": "m", "prompt": [1] * 60, "min_tokens": 400}).params
     assert (p.max_tokens, p.min_tokens) == (4, 4)
 
 

@@ -62,10 +62,11 @@ async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, p
             check_prompt_length(count, limits.max_seq_len, limits.kv_capacity)  # a text too long has no ids
             check_prompt(ids, limits.vocab_size, limits.max_seq_len, limits.kv_capacity)
         prompts = [ids for _, ids, _ in encoded]
-        room = limits.max_seq_len - max(len(ids) for ids in prompts)
-        requested = values.pop("max_tokens")
-        values["max_tokens"] = room if requested is None else min(requested, room)
-        # Clamped like max_tokens, so a request valid on its own is not refused for a long prompt.
+        longest = max(len(ids) for ids in prompts)
+        room = limits.max_seq_len - longest
+        values["max_tokens"] = fitted_max_tokens(values.pop("max_tokens"), body.DEFAULT_MAX_TOKENS, room, longest,
+                                                 limits.max_seq_len, renamed.get("max_tokens", "max_tokens"))
+        # Left out, max_tokens is what the context leaves: min_tokens is lowered the same way.
         values["min_tokens"] = min(values["min_tokens"] or 0, room)
         params = SamplingParams(**{k: v for k, v in values.items() if v is not None})
         if body.constraints() and params.min_tokens:
@@ -82,6 +83,22 @@ async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, p
     if body.wants_prompt_text() and codec.tokenizer is not None:
         texts = [text if text is not None else await codec.decode(ids) for text, ids in zip(texts, prompts)]
     return GenerateRequest(prompts, texts, params, stop, body.n, body.seed)
+
+
+def fitted_max_tokens(requested: int | None, default: int | None, room: int, prompt_tokens: int, context: int,
+                      param: str) -> int:
+    """The request's max_tokens: left out, its default (or all the room there is) lowered to what the context
+    leaves; asked for beyond that room, a 400 as vLLM and SGLang answer (prompt + max_tokens > context),
+    worded so that clients matching either peer's message recognise it."""
+    if requested is None:
+        return min(default or room, room)
+    if requested > room:
+        raise ApiError(400, f"'{param}' is too large: {requested}. This model's maximum context length is {context} "
+                            f"tokens and your request has {prompt_tokens} input tokens ({requested} > {context} - "
+                            f"{prompt_tokens}). Requested token count exceeds the model's maximum context length of "
+                            f"{context} tokens: reduce the input or {param}.",
+                       param=param, code="context_length_exceeded")
+    return requested
 
 
 @contextmanager

@@ -14,7 +14,7 @@ import json
 import math
 import time
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
@@ -117,6 +117,9 @@ def response_format_constraint(fmt: TextFormat | JsonObjectFormat | JsonSchemaFo
 
 class SamplingFields(StrictRequest):
     """The fields chat and text completions share: OpenAI's, then vLLM's and SGLang's extensions."""
+
+    # max_tokens when the request leaves it out (lowered to what the context leaves); None: all of that room.
+    DEFAULT_MAX_TOKENS: ClassVar[int | None] = None
 
     # Optional, as vLLM and SGLang have it (OpenAI requires it): left out, the served model; null is refused.
     model: Text = Field(None, json_schema_extra={SERVED_MODEL_MARK: True})

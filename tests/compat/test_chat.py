@@ -93,3 +93,25 @@ def test_stop_token_ids_checked_against_the_vocabulary(client, http):
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=5,
                                        extra_body={"stop_token_ids": [-1]})
+
+
+def test_max_tokens_beyond_the_context_is_400(client, http):
+    """vLLM and SGLang (test_max_tokens_validation): prompt + max_tokens over the context is a 400 in both
+    peers' words, never a silently shorter answer; exactly what the context leaves is served, and a request
+    without max_tokens gets that room."""
+    context = http.get("/get_server_info").json()["max_seq_len"]
+    prompt = client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=1).usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=context - prompt + 1)
+    body = caught.value.body
+    assert (body["param"], body["code"]) == ("max_tokens", "context_length_exceeded")
+    assert "Requested token count exceeds the model's maximum context" in body["message"]  # SGLang's words
+    assert f"This model's maximum context length is {context} tokens" in body["message"]  # vLLM's
+    assert f"{context - prompt + 1} > {context} - {prompt}" in body["message"]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="demo", messages=MESSAGES, max_completion_tokens=context)
+    assert caught.value.body["param"] == "max_completion_tokens"
+    # Left out, max_tokens is the room left: the request is served (it ends at once on a forced stop token).
+    forced = {"logit_bias": {"42": 100}, "stop_token_ids": [42]}
+    done = client.chat.completions.create(model="demo", messages=MESSAGES, extra_body=forced)
+    assert done.choices[0].finish_reason == "stop" and done.usage.completion_tokens == 1

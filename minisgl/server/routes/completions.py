@@ -39,7 +39,10 @@ TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 class CompletionRequest(SamplingFields):
     prompt: NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)] | TokenIds | \
         Annotated[list[TokenIds], Field(min_length=1)]
-    max_tokens: integer(ge=1) | None = 16  # OpenAI's default for /v1/completions
+    DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+    max_tokens: integer(ge=1) | None = Field(None, description="left out or null: 16 (OpenAI's default), lowered to "
+                                             "what the context leaves; more than it leaves is a 400")
     logprobs: integer(ge=0, le=MAX_LOGPROBS) | None = None
     echo: bool = Field(False, description="the prompt before the output (with logprobs: the prompt's too)")
 

@@ -53,7 +53,10 @@ class NativeSamplingParams(SamplingFields):
     stream: SkipJsonSchema[bool] = False
     stream_options: SkipJsonSchema[None] = None
     user: SkipJsonSchema[None] = None
-    max_new_tokens: integer(ge=1) = SGLANG_DEFAULT_MAX_NEW_TOKENS
+    DEFAULT_MAX_TOKENS = SGLANG_DEFAULT_MAX_NEW_TOKENS
+
+    max_new_tokens: integer(ge=1) | None = Field(None, description=f"left out: {SGLANG_DEFAULT_MAX_NEW_TOKENS} "
+                                                 "(SGLang's default), lowered to what the context leaves")
     min_tokens: integer(ge=0) | None = Field(None, validation_alias="min_new_tokens",
                                              description="at most max_new_tokens")
     seed: integer() | None = Field(None, validation_alias="sampling_seed")
