@@ -143,6 +143,12 @@ def usage(choices: list[Choice], prompts: list[list[int]]) -> Usage:
                  prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(cached.values())))
 
 
+def usage_so_far(choice: Choice) -> Usage:
+    """One choice's usage so far: what vLLM's continuous_usage_stats puts on each of its chunks."""
+    return Usage(prompt_tokens=len(choice.prompt_ids), completion_tokens=len(choice.token_ids),
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=choice.seq.cached_tokens))
+
+
 def generation_responses(whole: type[BaseModel], chunk: type[BaseModel]) -> dict:
     """A generation route's `responses=` for openapi.json: 200 is the whole response as JSON or, with
     stream: true, server-sent events whose `data` is a chunk or an error as JSON, or `[DONE]` (api.py

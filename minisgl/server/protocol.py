@@ -81,7 +81,9 @@ class StrictRequest(BaseModel):
 
 
 class StreamOptions(StrictRequest):
-    include_usage: bool = False
+    include_usage: bool | None = Field(False, description="a last chunk with the usage and no choices")
+    continuous_usage_stats: bool | None = Field(False, description="with include_usage (as vLLM has it): every "
+                                                "chunk also carries its choice's usage so far")
 
 
 class JsonSchemaSpec(StrictRequest):
@@ -180,6 +182,10 @@ class SamplingFields(StrictRequest):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and bool(self.stream_options.continuous_usage_stats)
 
 
 # ---------------------------------------------------------------- responses

@@ -115,3 +115,14 @@ def test_max_tokens_beyond_the_context_is_400(client, http):
     forced = {"logit_bias": {"42": 100}, "stop_token_ids": [42]}
     done = client.chat.completions.create(model="demo", messages=MESSAGES, extra_body=forced)
     assert done.choices[0].finish_reason == "stop" and done.usage.completion_tokens == 1
+
+
+def test_continuous_usage_stats(client):
+    """vLLM and SGLang continuous_usage_stats on chat: every chunk carries the usage so far (the role chunk
+    counts no completion tokens yet), counting up to the last chunk's total."""
+    chunks = list(client.chat.completions.create(
+        model="demo", messages=MESSAGES, max_tokens=4, temperature=0, stream=True, extra_body={"ignore_eos": True},
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    counts = [c.usage.completion_tokens for c in chunks]
+    assert counts[0] == 0 and counts == sorted(counts) and counts[-2:] == [4, 4]
+    assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens for c in chunks)

@@ -77,3 +77,25 @@ def test_model_may_be_left_out(http):
     assert done.status_code == 200 and done.json()["model"] == "demo"
     refused = http.post("/v1/completions", json={"model": None, "prompt": PROMPT, "max_tokens": 3})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "model"
+
+
+@pytest.mark.parametrize("include_usage, continuous", [(True, True), (True, False), (False, True), (None, None)])
+def test_continuous_usage_stats(client, include_usage, continuous):
+    """vLLM test_completion_stream_options, SGLang test_continuous_usage_stats: with include_usage and
+    continuous_usage_stats every chunk carries its choice's usage so far (prompt + completion = total),
+    then the last chunk the whole; continuous_usage_stats without include_usage adds nothing (vLLM)."""
+    options = {"include_usage": include_usage, "continuous_usage_stats": continuous}
+    chunks = list(client.completions.create(model="demo", prompt=PROMPT, max_tokens=5, temperature=0, stream=True,
+                                            stream_options=options, extra_body={"ignore_eos": True}))
+    texts = [c for c in chunks if c.choices]
+    if include_usage and continuous:
+        counts = [c.usage.completion_tokens for c in texts]  # a token may wait for the next one's bytes
+        assert counts[0] >= 1 and counts == sorted(set(counts)) and counts[-1] == 5
+        assert all(c.usage.prompt_tokens > 0 and c.usage.total_tokens == c.usage.prompt_tokens
+                   + c.usage.completion_tokens for c in texts)
+    else:
+        assert all(c.usage is None for c in texts)
+    if include_usage:
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
+    else:
+        assert len(texts) == len(chunks)

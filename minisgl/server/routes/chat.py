@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, StringConstraints, model_validator
 from minisgl.core import Constraint
 from minisgl.server.boundary import GenerateRequest
 from minisgl.server.errors import ApiError
-from minisgl.server.generation import Choice, generation_responses, outputs, respond, usage
+from minisgl.server.generation import Choice, generation_responses, outputs, respond, usage, usage_so_far
 from minisgl.server.parsers.output import OutputParser, ToolUse
 from minisgl.server.parsers.reasoning import ReasoningParser
 from minisgl.server.parsers.tools import ToolCall, forced_schema
@@ -313,8 +313,9 @@ async def chunks(state: ServerState, body: ChatCompletionRequest, gen: GenerateR
                  model: str, parser: Callable[[Choice], OutputParser]) -> AsyncIterator[ChatCompletionChunk]:
     chunk_id = ChatCompletionChunk(model=model, choices=[]).id
     parsers = {c.index: parser(c) for c in choices}
+    continuous = body.continuous_usage
     for c in choices:
-        yield ChatCompletionChunk(id=chunk_id, model=model, choices=[
+        yield ChatCompletionChunk(id=chunk_id, model=model, usage=usage_so_far(c) if continuous else None, choices=[
             ChatChunkChoice(index=c.index, delta=DeltaMessage(role="assistant", content=""))])
     async for choice, out in outputs(state, choices):
         parser = parsers[choice.index]
@@ -329,6 +330,7 @@ async def chunks(state: ServerState, body: ChatCompletionRequest, gen: GenerateR
                 index=choice.index, delta=DeltaMessage(content=delta.content or None,
                                                        reasoning_content=delta.reasoning or None, tool_calls=calls),
                 logprobs=chat_logprobs(out.logprobs) if out.logprobs else None,
-                finish_reason=finish_reason(out.finish_reason, parser))])
+                finish_reason=finish_reason(out.finish_reason, parser))],
+                usage=usage_so_far(choice) if continuous else None)
     if body.include_usage:
         yield ChatCompletionChunk(id=chunk_id, model=model, choices=[], usage=usage(choices, gen.prompts))

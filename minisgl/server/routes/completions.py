@@ -14,7 +14,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from minisgl.server.boundary import GenerateRequest
-from minisgl.server.generation import Choice, generation_responses, outputs, respond, usage
+from minisgl.server.generation import Choice, generation_responses, outputs, respond, usage, usage_so_far
 from minisgl.server.protocol import (
     MAX_LOGPROBS,
     CompletionLogprobs,
@@ -124,6 +124,7 @@ async def chunks(state: ServerState, body: CompletionRequest, gen: GenerateReque
             yield CompletionChunk(id=chunk_id, model=model, choices=[CompletionChoice(
                 index=choice.index, text=text + out.text, finish_reason=out.finish_reason,
                 logprobs=completion_logprobs(entries + out.logprobs, offset) if entries or out.logprobs else None,
-                token_ids=ids + out.new_ids if ids_only else None)])
+                token_ids=ids + out.new_ids if ids_only else None)],
+                usage=usage_so_far(choice) if body.continuous_usage else None)
     if body.include_usage:
         yield CompletionChunk(id=chunk_id, model=model, choices=[], usage=usage(choices, gen.prompts))
