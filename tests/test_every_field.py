@@ -18,6 +18,7 @@ from minisgl.server.routes.responses import ResponsesRequest
 
 CHAT = [{"role": "user", "content": "Tell me a story about a robot."}]
 PROMPT = "Once upon a time"
+PREFILL = CHAT + [{"role": "assistant", "content": "Once upon a time"}]
 TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": {
     "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}}]
 HOT = {"temperature": 2.0, "seed": 3}  # sampling that differs from greedy
@@ -147,6 +148,9 @@ CHAT_PROBES = shared_probes() | {
     == "get_time",
     "parallel_tool_calls": parallel_probe,
     "chat_template_kwargs": lambda f: f.usage(chat_template_kwargs={"enable_thinking": False})[0] > f.usage()[0],
+    "add_generation_prompt": lambda f: f.usage(add_generation_prompt=False)[0] < f.usage()[0],
+    "continue_final_message": lambda f: f.usage(messages=PREFILL, continue_final_message=True)[0]
+    < f.usage(messages=PREFILL)[0],
 }
 
 

@@ -126,3 +126,40 @@ def test_continuous_usage_stats(client):
     counts = [c.usage.completion_tokens for c in chunks]
     assert counts[0] == 0 and counts == sorted(counts) and counts[-2:] == [4, 4]
     assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens for c in chunks)
+
+
+PREFILL = MESSAGES + [{"role": "assistant", "content": "The capital of France is"}]
+
+
+def test_continue_final_message_prefills_the_answer(client, http, tokenizer):
+    """vLLM and SGLang (test_response_prefill) continue_final_message: the trailing assistant message is left
+    open, without the end-of-turn token nor a new assistant header, and the model goes on from its last
+    word; /tokenize gives the very prompt the chat route runs."""
+    opened = http.post("/tokenize", json={"messages": PREFILL, "continue_final_message": True,
+                                          "add_generation_prompt": False}).json()["tokens"]
+    answer = tokenizer("The capital of France is", add_special_tokens=False)["input_ids"]
+    assert opened[-len(answer):] == answer
+    closed = http.post("/tokenize", json={"messages": PREFILL}).json()["tokens"]
+    assert closed[:len(opened)] == opened and len(closed) > len(opened)  # end of turn, a new turn opened
+    done = client.chat.completions.create(model="demo", messages=PREFILL, max_tokens=2,
+                                          extra_body={"continue_final_message": True})  # add_generation_prompt: off
+    assert done.usage.prompt_tokens == len(opened)
+
+
+def test_add_generation_prompt(http):
+    """vLLM add_generation_prompt (chat and /tokenize): false leaves out the assistant header that true (the
+    default) puts after the messages."""
+    with_header = http.post("/tokenize", json={"messages": MESSAGES}).json()["tokens"]
+    without = http.post("/tokenize", json={"messages": MESSAGES, "add_generation_prompt": False}).json()["tokens"]
+    assert with_header[:len(without)] == without and len(with_header) > len(without)
+    usage = http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1,
+                                                    "add_generation_prompt": False}).json()["usage"]
+    assert usage["prompt_tokens"] == len(without)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+def test_continue_and_add_generation_prompt_together_is_400(http, path):
+    """vLLM: continue_final_message and add_generation_prompt both true contradict each other: a 400."""
+    response = http.post(path, json={"messages": PREFILL, "continue_final_message": True,
+                                     "add_generation_prompt": True})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "continue_final_message"

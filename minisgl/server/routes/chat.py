@@ -133,7 +133,28 @@ class NamedToolChoice(StrictRequest):
     function: FunctionChoice
 
 
-class ChatCompletionRequest(SamplingFields):
+class TemplateOptions(StrictRequest):
+    """How the conversation is put through the chat template (vLLM's and SGLang's extensions; chat and
+    /tokenize)."""
+
+    add_generation_prompt: bool | None = Field(
+        None, description="open the assistant's turn after the messages; left out: true, unless "
+                          "continue_final_message")
+    continue_final_message: bool = Field(
+        False, description="leave the last message open (no end-of-turn) so that the model goes on with it "
+                           "(prefill an assistant answer)")
+
+    def template_options(self) -> dict[str, bool]:
+        """The Conversation's options; both set true is a 400, as in vLLM (they contradict each other)."""
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ApiError(400, "Cannot set both continue_final_message and add_generation_prompt to true: one opens "
+                                "a new assistant turn, the other continues the last message",
+                           param="continue_final_message")
+        add = self.add_generation_prompt if self.add_generation_prompt is not None else not self.continue_final_message
+        return {"add_generation_prompt": add, "continue_final_message": self.continue_final_message}
+
+
+class ChatCompletionRequest(SamplingFields, TemplateOptions):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: integer(ge=1) | None = None
     max_completion_tokens: integer(ge=1) | None = Field(None, description="wins over max_tokens")
@@ -197,7 +218,7 @@ class ChatCompletionRequest(SamplingFields):
     def conversation(self, tool_use: ToolUse | None) -> Conversation:
         tools = [tool.model_dump(exclude_none=True) for tool in self.tools] if self.tools else None
         return Conversation([m.template_form() for m in self.messages], tools, tools_needed=tool_use is not None,
-                            template_kwargs=self.chat_template_kwargs or {})
+                            template_kwargs=self.chat_template_kwargs or {}, **self.template_options())
 
     def output_parser(self, tool_use: ToolUse | None, reasoning: str | None, prompt_text: str | None) -> OutputParser:
         """A choice's parser. Under a grammar the output is what the grammar says from its first token on,
