@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from minisgl.core import Constraint
+from minisgl.server.ipc import LogprobEntry
 
 MAX_N = 16
 MAX_STOP_STRINGS = 16
@@ -225,8 +226,6 @@ def new_id(prefix: str) -> Any:
 
 # ---------------------------------------------------------------- logprobs payloads
 
-LogprobEntry = tuple[str, float, list[tuple[str, float]]]  # (token, logprob, [(alt token, logprob)])
-
 
 def _lp(value: float) -> float:
     # JSON has no -inf (Starlette refuses to encode it); a masked-out alternative gets a floor instead.
@@ -261,18 +260,30 @@ def chat_logprobs(entries: list[LogprobEntry]) -> ChatLogprobs:
         return {"token": token, "logprob": _lp(lp), "bytes": list(token.encode("utf-8"))}
 
     return ChatLogprobs(content=[
-        TokenLogprob(**item(tok, lp), top_logprobs=[TopLogprob(**item(t, alt)) for t, alt in top])
-        for tok, lp, top in entries])
+        TokenLogprob(**item(e.text, e.logprob), top_logprobs=[TopLogprob(**item(alt.text, alt.logprob))
+                                                              for alt in e.top])
+        for e in entries])
 
 
 def completion_logprobs(entries: list[LogprobEntry], text_offset_start: int = 0) -> CompletionLogprobs:
     """The legacy completions `logprobs` object; `text_offset` counts characters into the returned text.
     An entry whose logprob is None (an echoed prompt's first token) has None for its top alternatives too."""
     offsets, pos = [], text_offset_start
-    for token, _, _ in entries:
+    for e in entries:
         offsets.append(pos)
-        pos += len(token)
+        pos += len(e.text)
     return CompletionLogprobs(
-        tokens=[tok for tok, _, _ in entries], token_logprobs=[None if lp is None else _lp(lp) for _, lp, _ in entries],
-        top_logprobs=[None if lp is None else {t: _lp(alt) for t, alt in top} for _, lp, top in entries],
-        text_offset=offsets)
+        tokens=[e.text for e in entries],
+        token_logprobs=[None if e.logprob is None else _lp(e.logprob) for e in entries],
+        top_logprobs=[None if e.logprob is None else completion_top(e) for e in entries], text_offset=offsets)
+
+
+def completion_top(entry: LogprobEntry) -> dict[str, float]:
+    """A position's `top_logprobs`, as vLLM gives it: the token itself, then the top alternatives (N + 1 keys
+    when it is not among them). Keys are texts, so a second token of an already-listed text is keyed
+    `token_id:N` (vLLM's spelling of a token by id) instead of overwriting the first."""
+    top = {entry.text: _lp(entry.logprob)}
+    for alt in entry.top:
+        if alt.token_id != entry.token_id:
+            top[alt.text if alt.text not in top else f"token_id:{alt.token_id}"] = _lp(alt.logprob)
+    return top

@@ -99,3 +99,21 @@ def test_continuous_usage_stats(client, include_usage, continuous):
         assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
     else:
         assert len(texts) == len(chunks)
+
+
+@pytest.mark.parametrize("n_logprobs", [0, 1, 5])
+def test_logprobs_hold_the_sampled_token(client, n_logprobs):
+    """vLLM test_zero_logprobs / test_some_logprobs: each position's top_logprobs holds the sampled token
+    (its logprob is token_logprobs') and the N best, so N or N + 1 keys (1 for logprobs=0), never fewer:
+    tokens that decode to one text do not overwrite each other."""
+    for sampling in ({"temperature": 0}, {"temperature": 2.0, "seed": 5}):
+        done = client.completions.create(model="demo", prompt=[0, 0, 0, 0, 0], max_tokens=12, logprobs=n_logprobs,
+                                         extra_body={"ignore_eos": True}, **sampling)
+        lp = done.choices[0].logprobs
+        for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+            assert top[token] == logprob
+            assert len(top) in (max(n_logprobs, 1), n_logprobs + 1)
+            if sampling["temperature"] == 0:  # the greedy token is the best one
+                assert len(top) == max(n_logprobs, 1) and logprob == max(top.values())
+        if sampling["temperature"] > 0 and n_logprobs > 0:  # a hot draw from a random model leaves the top N
+            assert any(len(top) == n_logprobs + 1 for top in lp.top_logprobs)

@@ -108,7 +108,8 @@ def echoed(c: Choice, body: CompletionRequest, codec: TextCodec) -> tuple[str, l
     the first token's logprob null), its token ids."""
     if not body.echo:
         return "", [], []
-    entries = [(codec.token_text(c.prompt_ids[0]), None, None), *c.prompt_logprobs] if c.prompt_logprobs else []
+    first = LogprobEntry(codec.token_text(c.prompt_ids[0]), c.prompt_ids[0], None, [])
+    entries = [first, *c.prompt_logprobs] if c.prompt_logprobs else []
     return c.prompt_text or "", entries, c.prompt_ids
 
 
