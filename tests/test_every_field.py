@@ -104,6 +104,18 @@ def shared_probes() -> dict:
     }
 
 
+def vllm_output_probes() -> dict:
+    def prompt_logprobs(answer: dict) -> list | None:
+        return answer["prompt_logprobs"] if "prompt_logprobs" in answer else answer["choices"][0]["prompt_logprobs"]
+
+    return {
+        "prompt_logprobs": lambda f: prompt_logprobs(f.ok()) is None
+        and len(prompt_logprobs(f.ok(prompt_logprobs=1))) == f.usage()[0],
+        "return_token_ids": lambda f: len(f.ok(return_token_ids=True)["choices"][0]["token_ids"]) == f.usage()[1]
+        and "token_ids" not in f.ok()["choices"][0],
+    }
+
+
 def stop_probe(f: Front) -> bool:
     text = f.text(max_tokens=16, ignore_eos=True)
     stop = text[4:6]
@@ -134,7 +146,7 @@ def parallel_probe(f: Front) -> bool:
     return max(calls(True)) > 1 and set(calls(False)) == {1}
 
 
-CHAT_PROBES = shared_probes() | {
+CHAT_PROBES = shared_probes() | vllm_output_probes() | {
     "messages": lambda f: f.usage(messages=CHAT * 2)[0] > f.usage()[0],
     "max_tokens": lambda f: f.usage(max_tokens=3, ignore_eos=True)[1] == 3,
     "max_completion_tokens": lambda f: f.usage(max_tokens=5, max_completion_tokens=2, ignore_eos=True)[1] == 2,
@@ -154,7 +166,7 @@ CHAT_PROBES = shared_probes() | {
 }
 
 
-COMPLETION_PROBES = shared_probes() | {
+COMPLETION_PROBES = shared_probes() | vllm_output_probes() | {
     "prompt": lambda f: f.usage(prompt=PROMPT * 2)[0] > f.usage()[0],
     "max_tokens": lambda f: f.usage(max_tokens=3, ignore_eos=True)[1] == 3,
     "logprobs": lambda f: len(f.ok(logprobs=2, ignore_eos=True)["choices"][0]["logprobs"]["token_logprobs"]) == 8

@@ -189,6 +189,15 @@ class SamplingFields(StrictRequest):
         return self.include_usage and bool(self.stream_options.continuous_usage_stats)
 
 
+class VllmOutputs(StrictRequest):
+    """vLLM's extra outputs of chat and text completions."""
+
+    prompt_logprobs: integer(ge=0, le=MAX_LOGPROBS) | None = Field(
+        None, description="vLLM's: every prompt token's logprob and the N best (the first token: null), keyed by "
+                          "token id")
+    return_token_ids: bool = Field(False, description="vLLM's: the prompt's and the output's token ids")
+
+
 # ---------------------------------------------------------------- responses
 
 
@@ -276,6 +285,29 @@ def completion_logprobs(entries: list[LogprobEntry], text_offset_start: int = 0)
         tokens=[e.text for e in entries],
         token_logprobs=[None if e.logprob is None else _lp(e.logprob) for e in entries],
         top_logprobs=[None if e.logprob is None else completion_top(e) for e in entries], text_offset=offsets)
+
+
+class VllmLogprob(BaseModel):
+    logprob: float
+    rank: int | None  # among the top N (1 the best); null for a prompt token outside them
+    decoded_token: str
+
+
+PromptLogprobs = list[dict[str, VllmLogprob] | None]
+
+
+def vllm_prompt_logprobs(entries: list[LogprobEntry]) -> PromptLogprobs:
+    """vLLM's `prompt_logprobs`: null for the first prompt token, then per position the token itself and the
+    N best, keyed by token id."""
+    positions: PromptLogprobs = [None]
+    for e in entries:
+        ranked = {alt.token_id: (rank, alt) for rank, alt in enumerate(e.top, 1)}
+        position = {str(e.token_id): VllmLogprob(logprob=_lp(e.logprob), rank=ranked.get(e.token_id, (None,))[0],
+                                                 decoded_token=e.text)}
+        for token_id, (rank, alt) in ranked.items():
+            position.setdefault(str(token_id), VllmLogprob(logprob=_lp(alt.logprob), rank=rank, decoded_token=alt.text))
+        positions.append(position)
+    return positions
 
 
 def completion_top(entry: LogprobEntry) -> dict[str, float]:

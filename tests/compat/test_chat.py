@@ -163,3 +163,29 @@ def test_continue_and_add_generation_prompt_together_is_400(http, path):
     response = http.post(path, json={"messages": PREFILL, "continue_final_message": True,
                                      "add_generation_prompt": True})
     assert response.status_code == 400 and response.json()["error"]["param"] == "continue_final_message"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_prompt_logprobs_and_token_ids(client, http, tokenizer, stream):
+    """vLLM chat prompt_logprobs and return_token_ids: the response has the prompt's ids (those /tokenize
+    gives) and its logprobs (null first, then each token's entry keyed by its id); each choice the output's
+    ids, decoding to its text."""
+    prompt = http.post("/tokenize", json={"messages": MESSAGES}).json()["tokens"]
+    args = dict(model="demo", messages=MESSAGES, max_tokens=4, temperature=0,
+                extra_body={"prompt_logprobs": 1, "return_token_ids": True, "ignore_eos": True})
+    if stream:
+        chunks = [c.model_dump() for c in client.chat.completions.create(stream=True, **args)]
+        prompt_ids = [c["prompt_token_ids"] for c in chunks if c.get("prompt_token_ids")]
+        scored = [c["prompt_logprobs"] for c in chunks if c.get("prompt_logprobs")]
+        assert prompt_ids == [prompt] and len(scored) == 1
+        positions = scored[0]
+        output = [t for c in chunks for choice in c["choices"] for t in choice.get("token_ids") or []]
+        text = "".join(choice["delta"].get("content") or "" for c in chunks for choice in c["choices"])
+    else:
+        done = client.chat.completions.create(**args).model_dump()
+        assert done["prompt_token_ids"] == prompt
+        positions, output = done["prompt_logprobs"], done["choices"][0]["token_ids"]
+        text = done["choices"][0]["message"]["content"]
+    assert len(positions) == len(prompt) and positions[0] is None
+    assert all(str(t) in position for t, position in zip(prompt[1:], positions[1:], strict=True))
+    assert len(output) == 4 and tokenizer.decode(output) == text

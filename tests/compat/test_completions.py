@@ -117,3 +117,55 @@ def test_logprobs_hold_the_sampled_token(client, n_logprobs):
                 assert len(top) == max(n_logprobs, 1) and logprob == max(top.values())
         if sampling["temperature"] > 0 and n_logprobs > 0:  # a hot draw from a random model leaves the top N
             assert any(len(top) == n_logprobs + 1 for top in lp.top_logprobs)
+
+
+@pytest.mark.parametrize("prompt_logprobs", [0, 2, None])
+def test_prompt_logprobs(client, tokenizer, prompt_logprobs):
+    """vLLM test_prompt_logprobs_completion: each choice carries prompt_logprobs (null when not asked for):
+    null for the first prompt token, then the token itself (keyed by id, with its decoded text) and the N
+    best; the same numbers echo + logprobs gives."""
+    prompts = ["A robot may not injure another robot", "My name is"]
+    extra = {} if prompt_logprobs is None else {"prompt_logprobs": prompt_logprobs}
+    done = client.completions.create(model="demo", prompt=prompts, max_tokens=2, extra_body=extra)
+    if prompt_logprobs is None:
+        assert all(c.prompt_logprobs is None for c in done.choices)
+        return
+    for choice, prompt in zip(done.choices, prompts, strict=True):
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        positions = choice.prompt_logprobs
+        assert len(positions) == len(ids) and positions[0] is None
+        for token_id, position in zip(ids[1:], positions[1:], strict=True):
+            assert position[str(token_id)]["decoded_token"] == tokenizer.decode([token_id])
+            assert len(position) in (max(prompt_logprobs, 1), prompt_logprobs + 1)
+            ranked = sorted((p for p in position.values() if p["rank"] is not None), key=lambda p: p["rank"])
+            assert [p["rank"] for p in ranked] == list(range(1, prompt_logprobs + 1))
+        echo = client.completions.create(model="demo", prompt=prompt, max_tokens=1, echo=True, logprobs=1)
+        assert echo.choices[0].logprobs.token_logprobs[1:len(ids)] == pytest.approx(
+            [position[str(t)]["logprob"] for t, position in zip(ids[1:], positions[1:], strict=True)], abs=1e-5)
+
+
+def test_prompt_logprobs_below_zero_is_400(client):
+    """vLLM: prompt_logprobs -1 (its "the whole vocabulary") is a 400 here, as any count outside 0..20."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model="demo", prompt=PROMPT, max_tokens=2, extra_body={"prompt_logprobs": -1})
+    assert caught.value.body["param"] == "prompt_logprobs"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_return_token_ids(client, tokenizer, stream):
+    """vLLM return_token_ids (test_prompt_logprobs_temperature_increases_argmax_prob_completion reads them):
+    each choice has the prompt's ids and the output's, the latter decoding to the text."""
+    ids = tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    args = dict(model="demo", prompt=PROMPT, max_tokens=6, temperature=0, extra_body={"return_token_ids": True,
+                                                                                    "ignore_eos": True})
+    if stream:
+        chunks = list(client.completions.create(stream=True, **args))
+        prompt_ids = [c.choices[0].prompt_token_ids for c in chunks if getattr(c.choices[0], "prompt_token_ids", None)]
+        assert prompt_ids == [ids]
+        output = [t for c in chunks for t in c.choices[0].token_ids]
+        text = "".join(c.choices[0].text for c in chunks)
+    else:
+        choice = client.completions.create(**args).choices[0]
+        assert choice.prompt_token_ids == ids
+        output, text = choice.token_ids, choice.text
+    assert len(output) == 6 and tokenizer.decode(output) == text

@@ -27,13 +27,16 @@ from minisgl.server.protocol import (
     MAX_LOGPROBS,
     ChatLogprobs,
     Envelope,
+    PromptLogprobs,
     SamplingFields,
     StrictRequest,
     Text,
     Usage,
+    VllmOutputs,
     chat_logprobs,
     integer,
     new_id,
+    vllm_prompt_logprobs,
 )
 from minisgl.server.state import ServerState, server_state
 from minisgl.server.text import Conversation
@@ -154,7 +157,7 @@ class TemplateOptions(StrictRequest):
         return {"add_generation_prompt": add, "continue_final_message": self.continue_final_message}
 
 
-class ChatCompletionRequest(SamplingFields, TemplateOptions):
+class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmOutputs):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: integer(ge=1) | None = None
     max_completion_tokens: integer(ge=1) | None = Field(None, description="wins over max_tokens")
@@ -173,7 +176,7 @@ class ChatCompletionRequest(SamplingFields, TemplateOptions):
         by_completion = self.max_completion_tokens is not None
         values = self.shared_sampling() | {
             "max_tokens": self.max_completion_tokens if by_completion else self.max_tokens,
-            "logprobs": (self.top_logprobs or 0) if self.logprobs else None}
+            "logprobs": (self.top_logprobs or 0) if self.logprobs else None, "prompt_logprobs": self.prompt_logprobs}
         renamed = {"logprobs": "top_logprobs"} | ({"max_tokens": "max_completion_tokens"} if by_completion else {})
         return values, renamed
 
@@ -253,11 +256,16 @@ class ChatResponseMessage(BaseModel):
     tool_calls: list[ResponseToolCall] | None = Field(None, exclude_if=lambda v: v is None)
 
 
+def _unset(value: Any) -> bool:
+    return value is None
+
+
 class ChatChoice(BaseModel):
     index: int
     message: ChatResponseMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    token_ids: list[int] | None = Field(None, exclude_if=_unset, description="the output's ids (return_token_ids)")
 
 
 class ChatCompletionResponse(Envelope):
@@ -265,6 +273,8 @@ class ChatCompletionResponse(Envelope):
     object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobs | None = Field(None, description="vLLM's prompt_logprobs (when asked for)")
+    prompt_token_ids: list[int] | None = Field(None, exclude_if=_unset, description="return_token_ids")
 
 
 class DeltaToolCall(ResponseToolCall):
@@ -287,6 +297,7 @@ class ChatChunkChoice(BaseModel):
     delta: DeltaMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    token_ids: list[int] | None = Field(None, exclude_if=_unset, description="the new ids (return_token_ids)")
 
 
 class ChatCompletionChunk(Envelope):
@@ -294,6 +305,8 @@ class ChatCompletionChunk(Envelope):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    prompt_logprobs: PromptLogprobs | None = Field(None, exclude_if=_unset, description="with a choice's first tokens")
+    prompt_token_ids: list[int] | None = Field(None, exclude_if=_unset, description="with the first chunk")
 
 
 # ---------------------------------------------------------------- route
@@ -319,11 +332,19 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
                 reasoning_content=delta.reasoning or None,
                 tool_calls=[ResponseToolCall.of(call) for call in delta.calls] or None)
             answers.append(ChatChoice(index=c.index, message=message, finish_reason=finish_reason(c.finish, parsed),
-                                      logprobs=chat_logprobs(c.logprobs) if c.logprobs else None))
-        return ChatCompletionResponse(model=model, usage=usage, choices=answers)
+                                      logprobs=chat_logprobs(c.logprobs) if c.logprobs else None,
+                                      token_ids=c.token_ids if body.return_token_ids else None))
+        return ChatCompletionResponse(model=model, usage=usage, choices=answers, **prompt_extras(body, choices[0]))
 
     return await respond(request, state, body, body.conversation(tool_use), 1, whole,
                          lambda gen, choices: chunks(state, body, gen, choices, model, parser))
+
+
+def prompt_extras(body: ChatCompletionRequest, choice: Choice) -> dict:
+    """vLLM's prompt_logprobs (null unless asked for) and, with return_token_ids, the prompt's ids."""
+    return {"prompt_logprobs": vllm_prompt_logprobs(choice.prompt_logprobs or [])
+            if body.prompt_logprobs is not None else None,
+            "prompt_token_ids": choice.prompt_ids if body.return_token_ids else None}
 
 
 def finish_reason(finish: str | None, parser: OutputParser) -> str | None:
@@ -337,21 +358,29 @@ async def chunks(state: ServerState, body: ChatCompletionRequest, gen: GenerateR
     continuous = body.continuous_usage
     for c in choices:
         yield ChatCompletionChunk(id=chunk_id, model=model, usage=usage_so_far(c) if continuous else None, choices=[
-            ChatChunkChoice(index=c.index, delta=DeltaMessage(role="assistant", content=""))])
+            ChatChunkChoice(index=c.index, delta=DeltaMessage(role="assistant", content=""))],
+            prompt_token_ids=c.prompt_ids if body.return_token_ids else None)
+    scored: set[int] = set()  # choices whose prompt logprobs went out
     async for choice, out in outputs(state, choices):
         parser = parsers[choice.index]
         made = parser.calls
         delta = parser.feed(out.text)
         if out.finish_reason:
             delta += parser.finish(out.finish_reason)
-        if delta.content or delta.reasoning or delta.calls or out.finish_reason or out.logprobs:
+        prompt_logprobs = None
+        if body.prompt_logprobs is not None and choice.index not in scored:
+            scored.add(choice.index)
+            prompt_logprobs = vllm_prompt_logprobs(choice.prompt_logprobs or [])
+        if (delta.content or delta.reasoning or delta.calls or out.finish_reason or out.logprobs or prompt_logprobs
+                or (body.return_token_ids and out.new_ids)):
             calls = [DeltaToolCall(index=made + i, function=ResponseFunction(name=call.name, arguments=call.arguments))
                      for i, call in enumerate(delta.calls)] or None
             yield ChatCompletionChunk(id=chunk_id, model=model, choices=[ChatChunkChoice(
                 index=choice.index, delta=DeltaMessage(content=delta.content or None,
                                                        reasoning_content=delta.reasoning or None, tool_calls=calls),
                 logprobs=chat_logprobs(out.logprobs) if out.logprobs else None,
-                finish_reason=finish_reason(out.finish_reason, parser))],
-                usage=usage_so_far(choice) if continuous else None)
+                finish_reason=finish_reason(out.finish_reason, parser),
+                token_ids=out.new_ids if body.return_token_ids else None)],
+                usage=usage_so_far(choice) if continuous else None, prompt_logprobs=prompt_logprobs)
     if body.include_usage:
         yield ChatCompletionChunk(id=chunk_id, model=model, choices=[], usage=usage(choices, gen.prompts))
