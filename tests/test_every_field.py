@@ -90,7 +90,7 @@ def shared_probes() -> dict:
         "presence_penalty": lambda f: f.text(presence_penalty=2.0, **longer) != f.text(**longer),
         "frequency_penalty": lambda f: f.text(frequency_penalty=2.0, **longer) != f.text(**longer),
         "repetition_penalty": lambda f: f.text(repetition_penalty=3.0, **longer) != f.text(**longer),
-        "logit_bias": lambda f: f.refused("logit_bias", logit_bias={"5": 1.0}),
+        "logit_bias": bias_probe,
         "user": user_probe,
         "stop_token_ids": lambda f: f.ok(stop_token_ids=list(range(512)))["choices"][0]["finish_reason"] == "stop"
         and f.usage(stop_token_ids=list(range(512)))[1] == 1,
@@ -114,6 +114,12 @@ def vllm_output_probes() -> dict:
         "return_token_ids": lambda f: len(f.ok(return_token_ids=True)["choices"][0]["token_ids"]) == f.usage()[1]
         and "token_ids" not in f.ok()["choices"][0],
     }
+
+
+def bias_probe(f: Front) -> bool:
+    """+100 on one token makes a greedy answer that token over and over; a bias outside the vocabulary is a 400."""
+    ids = f.ok(logit_bias={"42": 100}, return_token_ids=True, max_tokens=4, ignore_eos=True)["choices"][0]["token_ids"]
+    return ids == [42] * 4 and f.refused("logit_bias", logit_bias={"99999999": 1})
 
 
 def stop_probe(f: Front) -> bool:

@@ -80,6 +80,10 @@ def test_max_tokens_choice_and_room(codec):
     assert (p.max_tokens, p.min_tokens) == (4, 4)
 
 
+def test_logit_bias_reaches_the_sampler_as_ids(codec):
+    assert run(codec, COMPLETION | {"logit_bias": {"5": 1.5, "7": -100}}).params.logit_bias == {5: 1.5, 7: -100}
+
+
 def test_logprobs(codec):
     assert run(codec, CHAT | {"logprobs": True}).params.logprobs == 0
     assert run(codec, CHAT | {"logprobs": True, "top_logprobs": 5}).params.logprobs == 5
@@ -101,7 +105,6 @@ def test_batches_and_stop_strings(codec):
     (CHAT | {"min_tokens": 20, "max_completion_tokens": 10}, "min_tokens", None),
     (CHAT | {"top_logprobs": 3}, "top_logprobs", None),
     (COMPLETION | {"logit_bias": {"512": 1}}, "logit_bias", None),
-    (COMPLETION | {"logit_bias": {"5": 1}}, "logit_bias", "unsupported_parameter"),
     ({"model": "m", "prompt": [1] * 64}, "prompt", "context_length_exceeded"),
     ({"model": "m", "prompt": "word " * 100}, "prompt", "context_length_exceeded"),
     (CHAT | {"messages": [{"role": "user", "content": "word " * 100}]}, "messages", "context_length_exceeded"),

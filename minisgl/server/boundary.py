@@ -74,7 +74,6 @@ async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, p
                              f"decides where the output may end")
         for ids in prompts:
             check_request(ids, params, limits.vocab_size, limits.max_seq_len, limits.kv_capacity)
-    check_logit_bias(body.logit_bias, limits.vocab_size)
     params.constraint = await constraint(codec, body)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if stop:
@@ -142,13 +141,3 @@ async def constraint(codec: TextCodec, body: SamplingFields) -> Constraint | Non
     except ValueError as exc:
         raise ApiError(400, f"{param} is not a grammar this server can follow: {exc}", param=param) from None
     return grammar
-
-
-def check_logit_bias(bias: dict[str, float] | None, vocab_size: int) -> None:
-    if not bias:
-        return
-    bad = next((key for key in bias if int(key) >= vocab_size), None)  # the schema made them decimal digits
-    if bad is not None:
-        raise ApiError(400, f"logit_bias keys must be token ids in [0, {vocab_size}), got {bad!r}",
-                       param="logit_bias")
-    raise ApiError(400, "logit_bias is not supported yet", param="logit_bias", code="unsupported_parameter")

@@ -29,7 +29,7 @@ from pydantic import (
     field_validator,
 )
 
-from minisgl.core import Constraint
+from minisgl.core import MAX_LOGIT_BIAS, Constraint
 from minisgl.server.ipc import LogprobEntry
 
 MAX_N = 16
@@ -70,7 +70,8 @@ TokenId = integer(ge=0, **{TOKEN_ID_MARK: True})
 DIGITS = r"^[0-9]+$"
 LogitBias = Annotated[
     dict[Annotated[str, StringConstraints(pattern=DIGITS)], Annotated[float, Field(ge=-100, le=100)]],
-    WithJsonSchema({"type": "object", "additionalProperties": False,
+    Field(max_length=MAX_LOGIT_BIAS),
+    WithJsonSchema({"type": "object", "additionalProperties": False, "maxProperties": MAX_LOGIT_BIAS,
                     "patternProperties": {DIGITS: {"type": "number", "minimum": -100, "maximum": 100}}})]
 
 
@@ -136,7 +137,8 @@ class SamplingFields(StrictRequest):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: LogitBias | None = Field(
-        None, description="token id (as a string) -> bias; the ids are checked, a non-empty map is not supported yet")
+        None, description="token id (as a string) -> a number in [-100, 100] added to its logit before sampling "
+                          "(logprobs stay those of the model)")
     user: Text | None = Field(None, description="the end user, written in the request's log line")
     top_k: integer(ge=-1) | None = Field(None, description="-1 or 0: off")
     min_p: float | None = Field(None, ge=0, le=1)
@@ -171,7 +173,8 @@ class SamplingFields(StrictRequest):
         return {name: getattr(self, name) for name in (
             "temperature", "top_p", "min_p", "min_tokens", "ignore_eos", "stop_token_ids", "seed",
             "presence_penalty", "frequency_penalty", "repetition_penalty")} | {
-            "top_k": -1 if self.top_k == 0 else self.top_k}  # 0 is vLLM's spelling of "off"
+            "top_k": -1 if self.top_k == 0 else self.top_k,  # 0 is vLLM's spelling of "off"
+            "logit_bias": {int(token): bias for token, bias in self.logit_bias.items()} if self.logit_bias else None}
 
     def constraints(self) -> list[tuple[str, Constraint]]:
         """The grammars this request asks for, each with the field that asks (at most one may)."""

@@ -169,3 +169,20 @@ def test_return_token_ids(client, tokenizer, stream):
         assert choice.prompt_token_ids == ids
         output, text = choice.token_ids, choice.text
     assert len(output) == 6 and tokenizer.decode(output) == text
+
+
+def test_logit_bias(client, http):
+    """OpenAI logit_bias (vLLM and SGLang serve it): +100 makes one token the only choice, -100 bans the greedy
+    one, logprobs stay the model's; an id outside the vocabulary is a 400 naming logit_bias."""
+    args = dict(model="demo", prompt=PROMPT, max_tokens=3, temperature=0, logprobs=0,
+                extra_body={"return_token_ids": True, "ignore_eos": True})
+    vocab = http.get("/get_server_info").json()["vocab_size"]
+    free = client.completions.create(**args).choices[0]
+    forced = client.completions.create(**args, logit_bias={str(vocab - 3): 100}).choices[0]
+    assert forced.token_ids == [vocab - 3] * 3
+    assert forced.logprobs.token_logprobs[0] < free.logprobs.token_logprobs[0]  # not the biased logits'
+    banned = client.completions.create(**args, logit_bias={str(free.token_ids[0]): -100}).choices[0]
+    assert banned.token_ids[0] != free.token_ids[0]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(**args, logit_bias={str(vocab): 1})
+    assert caught.value.body["param"] == "logit_bias" and str(vocab) in caught.value.body["message"]
