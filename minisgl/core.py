@@ -184,6 +184,7 @@ class Req:
     in_flight: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (best over admissions)
     cache_handle: object = None  # the prefix-cache node locked for this request
+    cache_salt: str | None = None  # requests share cached prefixes only with requests of the same salt (vLLM's)
 
     @property
     def scores_prompt(self) -> bool:

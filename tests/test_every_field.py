@@ -111,9 +111,19 @@ def vllm_output_probes() -> dict:
     return {
         "prompt_logprobs": lambda f: prompt_logprobs(f.ok()) is None
         and len(prompt_logprobs(f.ok(prompt_logprobs=1))) == f.usage()[0],
+        "cache_salt": salt_probe,
         "return_token_ids": lambda f: len(f.ok(return_token_ids=True)["choices"][0]["token_ids"]) == f.usage()[1]
         and "token_ids" not in f.ok()["choices"][0],
     }
+
+
+def salt_probe(f: Front) -> bool:
+    """A salted request hits only the prefix cache its own salt filled."""
+    def cached(salt: str) -> int:
+        return f.ok(cache_salt=salt)["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    salt = f"salt-{f.path}"
+    return cached(salt) == 0 and cached(salt) > 0 and cached(f"{salt}-other") == 0
 
 
 def bias_probe(f: Front) -> bool:

@@ -51,6 +51,7 @@ class GenerateRequest:
     stop: list[str]  # matched on the decoded text by the detokenizer
     n: int
     seed: int | None
+    cache_salt: str | None = None
 
 
 async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, prompt: PromptInput) -> GenerateRequest:
@@ -81,7 +82,8 @@ async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, p
     texts = [text for _, _, text in encoded]
     if body.wants_prompt_text() and codec.tokenizer is not None:
         texts = [text if text is not None else await codec.decode(ids) for text, ids in zip(texts, prompts)]
-    return GenerateRequest(prompts, texts, params, stop, body.n, body.seed)
+    salt = getattr(body, "cache_salt", None)  # vLLM's fronts (chat, completions) have one
+    return GenerateRequest(prompts, texts, params, stop, body.n, body.seed, salt)
 
 
 def fitted_max_tokens(requested: int | None, default: int | None, room: int, prompt_tokens: int, context: int,

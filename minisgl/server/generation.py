@@ -74,8 +74,8 @@ async def start(state: ServerState, body: SamplingFields, prompt: PromptInput, p
             for i in range(gen.n):
                 index = p * gen.n + i
                 seed = gen.seed + index if gen.seed is not None else random.getrandbits(63)
-                choices.append(Choice(index, p, client.submit(ids, gen.params, gen.stop, seed, body.user), ids,
-                                      gen.prompt_texts[p]))
+                seq = client.submit(ids, gen.params, gen.stop, seed, body.user, gen.cache_salt)
+                choices.append(Choice(index, p, seq, ids, gen.prompt_texts[p]))
     finally:
         state.preparing -= 1
         client.release(sequences - len(choices))

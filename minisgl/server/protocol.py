@@ -192,13 +192,15 @@ class SamplingFields(StrictRequest):
         return self.include_usage and bool(self.stream_options.continuous_usage_stats)
 
 
-class VllmOutputs(StrictRequest):
-    """vLLM's extra outputs of chat and text completions."""
+class VllmExtras(StrictRequest):
+    """vLLM's extensions of chat and text completions beyond sampling."""
 
     prompt_logprobs: integer(ge=0, le=MAX_LOGPROBS) | None = Field(
         None, description="vLLM's: every prompt token's logprob and the N best (the first token: null), keyed by "
                           "token id")
     return_token_ids: bool = Field(False, description="vLLM's: the prompt's and the output's token ids")
+    cache_salt: NonEmptyText | None = Field(None, description="vLLM's: the request shares cached prompt prefixes "
+                                            "only with requests of the same salt (tenants apart)")
 
 
 # ---------------------------------------------------------------- responses

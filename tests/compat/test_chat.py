@@ -189,3 +189,22 @@ def test_prompt_logprobs_and_token_ids(client, http, tokenizer, stream):
     assert len(positions) == len(prompt) and positions[0] is None
     assert all(str(t) in position for t, position in zip(prompt[1:], positions[1:], strict=True))
     assert len(output) == 4 and tokenizer.decode(output) == text
+
+
+def test_cache_salt_keeps_tenants_apart(client):
+    """vLLM cache_salt, SGLang test_cache_salt_effectiveness: a request hits the prefix cache of its own salt
+    (all but the last prompt token, up to a page) and never another salt's, nor the unsalted cache."""
+    messages = [{"role": "user", "content": "What is the capital of Japan? " * 8}]
+
+    def cached(salt: str | None) -> tuple[int, int]:
+        usage = client.chat.completions.create(model="demo", messages=messages, max_tokens=2, temperature=0,
+                                               extra_body={"cache_salt": salt} if salt else {}).usage
+        return usage.prompt_tokens_details.cached_tokens, usage.prompt_tokens
+
+    first, prompt = cached("tenant-a")
+    assert first == 0
+    again, _ = cached("tenant-a")
+    page = prompt - again
+    assert 1 <= page <= 64  # every whole page of the prompt but its last token
+    assert cached("tenant-b")[0] == 0 and cached(None)[0] == 0
+    assert cached("tenant-b")[0] == again and cached(None)[0] == again

@@ -32,7 +32,7 @@ from minisgl.server.protocol import (
     StrictRequest,
     Text,
     Usage,
-    VllmOutputs,
+    VllmExtras,
     chat_logprobs,
     integer,
     new_id,
@@ -157,7 +157,7 @@ class TemplateOptions(StrictRequest):
         return {"add_generation_prompt": add, "continue_final_message": self.continue_final_message}
 
 
-class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmOutputs):
+class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: integer(ge=1) | None = None
     max_completion_tokens: integer(ge=1) | None = Field(None, description="wins over max_tokens")

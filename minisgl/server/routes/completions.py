@@ -25,7 +25,7 @@ from minisgl.server.protocol import (
     SamplingFields,
     TokenId,
     Usage,
-    VllmOutputs,
+    VllmExtras,
     completion_logprobs,
     integer,
     new_id,
@@ -39,7 +39,7 @@ router = APIRouter()
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
 
-class CompletionRequest(SamplingFields, VllmOutputs):
+class CompletionRequest(SamplingFields, VllmExtras):
     prompt: NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)] | TokenIds | \
         Annotated[list[TokenIds], Field(min_length=1)]
     DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
