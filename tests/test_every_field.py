@@ -112,6 +112,12 @@ def vllm_output_probes() -> dict:
         "prompt_logprobs": lambda f: prompt_logprobs(f.ok()) is None
         and len(prompt_logprobs(f.ok(prompt_logprobs=1))) == f.usage()[0],
         "cache_salt": salt_probe,
+        "structured_outputs": lambda f: f.text(structured_outputs={"choice": ["red", "blue"]}, **HOT)
+        in ("red", "blue"),
+        "guided_json": lambda f: isinstance(json.loads(f.text(guided_json={"type": "object"}, max_tokens=300)), dict),
+        "guided_regex": lambda f: re.fullmatch("[0-9]{3}", f.text(guided_regex="[0-9]{3}", **HOT)) is not None,
+        "guided_choice": lambda f: f.text(guided_choice=["red", "blue"], **HOT) in ("red", "blue"),
+        "guided_grammar": lambda f: f.text(guided_grammar='root ::= "yes" | "no"', **HOT) in ("yes", "no"),
         "return_token_ids": lambda f: len(f.ok(return_token_ids=True)["choices"][0]["token_ids"]) == f.usage()[1]
         and "token_ids" not in f.ok()["choices"][0],
     }

@@ -192,8 +192,46 @@ class SamplingFields(StrictRequest):
         return self.include_usage and bool(self.stream_options.continuous_usage_stats)
 
 
+def choice_constraint(choices: list[str]) -> Constraint:
+    """The output is exactly one of `choices`: an EBNF of their literals (JSON's string escapes are EBNF's)."""
+    return Constraint("ebnf", "root ::= " + " | ".join(json.dumps(choice, ensure_ascii=False) for choice in choices))
+
+
+def json_schema_constraint(schema: dict[str, Any] | str) -> Constraint:
+    return Constraint("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
+
+
+Choices = Annotated[list[Text], Field(min_length=1)]
+
+
+class StructuredOutputs(StrictRequest):
+    """vLLM's `structured_outputs`: one grammar for the output."""
+
+    json_: dict[str, Any] | Text | None = Field(None, alias="json", description="a JSON schema (object or text)")
+    json_object: bool | None = Field(None, description="true: any JSON object")
+    regex: Text | None = None
+    choice: Choices | None = Field(None, description="the output is exactly one of these")
+    grammar: Text | None = Field(None, description="EBNF in xgrammar's dialect (rule `root`)")
+
+    def constraints(self) -> list[Constraint]:
+        asked = [json_schema_constraint(self.json_) if self.json_ is not None else None,
+                 Constraint("json_object") if self.json_object else None,
+                 Constraint("regex", self.regex) if self.regex is not None else None,
+                 choice_constraint(self.choice) if self.choice is not None else None,
+                 Constraint("ebnf", self.grammar) if self.grammar is not None else None]
+        return [c for c in asked if c is not None]
+
+
 class VllmExtras(StrictRequest):
     """vLLM's extensions of chat and text completions beyond sampling."""
+
+    structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's: the output matches one grammar")
+    guided_json: dict[str, Any] | Text | None = Field(None, description="vLLM's older spelling of "
+                                                      "structured_outputs.json")
+    guided_regex: Text | None = Field(None, description="vLLM's older spelling of structured_outputs.regex")
+    guided_choice: Choices | None = Field(None, description="vLLM's older spelling of structured_outputs.choice")
+    guided_grammar: Text | None = Field(None, description="vLLM's older spelling of structured_outputs.grammar "
+                                                          "(EBNF in xgrammar's dialect)")
 
     prompt_logprobs: integer(ge=0, le=MAX_LOGPROBS) | None = Field(
         None, description="vLLM's: every prompt token's logprob and the N best (the first token: null), keyed by "
@@ -201,6 +239,17 @@ class VllmExtras(StrictRequest):
     return_token_ids: bool = Field(False, description="vLLM's: the prompt's and the output's token ids")
     cache_salt: NonEmptyText | None = Field(None, description="vLLM's: the request shares cached prompt prefixes "
                                             "only with requests of the same salt (tenants apart)")
+
+    def vllm_constraints(self) -> list[tuple[str, Constraint]]:
+        """The grammars vLLM's fields ask for, each with the field that asks."""
+        asked = [("structured_outputs", c) for c in (self.structured_outputs.constraints()
+                                                     if self.structured_outputs else [])]
+        asked += [("guided_json", json_schema_constraint(self.guided_json)) if self.guided_json is not None else None,
+                  ("guided_regex", Constraint("regex", self.guided_regex)) if self.guided_regex is not None else None,
+                  ("guided_choice", choice_constraint(self.guided_choice)) if self.guided_choice is not None else None,
+                  ("guided_grammar", Constraint("ebnf", self.guided_grammar)) if self.guided_grammar is not None
+                  else None]
+        return [asked_by for asked_by in asked if asked_by is not None]
 
 
 # ---------------------------------------------------------------- responses

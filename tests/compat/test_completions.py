@@ -3,10 +3,15 @@ tests, with the real `openai` client."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import openai
 import pytest
 
 PROMPT = "The capital of France is"
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+          "additionalProperties": False}
 
 
 @pytest.mark.parametrize("token_input", [False, True])
@@ -186,3 +191,58 @@ def test_logit_bias(client, http):
     with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(**args, logit_bias={str(vocab): 1})
     assert caught.value.body["param"] == "logit_bias" and str(vocab) in caught.value.body["message"]
+
+
+CITIES = ["Paris", "Lyon", "Saint-Étienne", 'say "hi"']
+
+
+def one_of_cities(text: str) -> bool:
+    return text in CITIES
+
+
+def code(text: str) -> bool:
+    return re.fullmatch("[0-9]{3}-[a-z]{2}", text) is not None
+
+
+def yes_or_no(text: str) -> bool:
+    return text in ("yes", "no")
+
+
+@pytest.mark.parametrize("extra, matches", [
+    ({"structured_outputs": {"choice": CITIES}}, one_of_cities), ({"guided_choice": CITIES}, one_of_cities),
+    ({"structured_outputs": {"regex": "[0-9]{3}-[a-z]{2}"}}, code), ({"guided_regex": "[0-9]{3}-[a-z]{2}"}, code),
+    ({"structured_outputs": {"grammar": 'root ::= "yes" | "no"'}}, yes_or_no),
+    ({"guided_grammar": 'root ::= "yes" | "no"'}, yes_or_no),
+])
+def test_vllm_structured_outputs(client, extra, matches):
+    """vLLM structured_outputs (choice, regex, grammar) and their older guided_* spellings: every sampled
+    output matches."""
+    done = client.completions.create(model="demo", prompt=PROMPT, max_tokens=30, n=4, temperature=1.0, seed=1,
+                                     extra_body=extra)
+    assert all(matches(choice.text) for choice in done.choices)
+
+
+@pytest.mark.parametrize("extra", [{"structured_outputs": {"json": SCHEMA}}, {"guided_json": SCHEMA},
+                                   {"guided_json": json.dumps(SCHEMA)}])
+def test_vllm_json_schema(client, extra):
+    """vLLM structured_outputs.json / guided_json (an object or its text): the output validates."""
+    done = client.completions.create(model="demo", prompt=PROMPT, max_tokens=80, temperature=1.0, seed=2,
+                                     extra_body=extra)
+    answer = json.loads(done.choices[0].text)
+    assert set(answer) == {"city"} and isinstance(answer["city"], str)
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"structured_outputs": {"json": {"type": "object", "properties": {"a": {"type": 12}}}}}, "structured_outputs"),
+    ({"structured_outputs": {"regex": "[.*"}}, "structured_outputs"),
+    ({"structured_outputs": {"grammar": "root ::= select_statementinvalidsyntax"}}, "structured_outputs"),
+    ({"guided_regex": "[.*"}, "guided_regex"),
+    ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
+    ({"structured_outputs": {"choice": []}}, "structured_outputs"),
+])
+def test_vllm_invalid_structured_outputs_are_400(client, extra, param):
+    """vLLM test_invalid_json_schema / _regex / _grammar: a grammar that cannot be followed, or two at once, is
+    a 400 naming the field."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model="demo", prompt=PROMPT, max_tokens=5, extra_body=extra)
+    assert caught.value.body["param"] == param

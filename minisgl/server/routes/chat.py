@@ -210,7 +210,7 @@ class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras):
         return ToolUse(mode[0], mode[1], parser, self.parallel_tool_calls)
 
     def constraints(self) -> list[tuple[str, Constraint]]:
-        asked = super().constraints()
+        asked = super().constraints() + self.vllm_constraints()
         mode = self.tool_mode()
         if mode is not None and mode[0] != "auto":
             functions = {t.function.name: t.function.parameters or {"type": "object"} for t in self.tools}

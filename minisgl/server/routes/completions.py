@@ -13,6 +13,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
+from minisgl.core import Constraint
 from minisgl.server.boundary import GenerateRequest
 from minisgl.server.generation import Choice, generation_responses, outputs, respond, usage, usage_so_far
 from minisgl.server.protocol import (
@@ -59,6 +60,9 @@ class CompletionRequest(SamplingFields, VllmExtras):
         prompt_logprobs = max(asked, default=None)
         return self.shared_sampling() | {"max_tokens": self.max_tokens, "logprobs": self.logprobs,
                                          "prompt_logprobs": prompt_logprobs}, {"prompt_logprobs": "logprobs"}
+
+    def constraints(self) -> list[tuple[str, Constraint]]:
+        return super().constraints() + self.vllm_constraints()
 
     def wants_prompt_text(self) -> bool:
         return self.echo
