@@ -246,3 +246,19 @@ def test_vllm_invalid_structured_outputs_are_400(client, extra, param):
     with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(model="demo", prompt=PROMPT, max_tokens=5, extra_body=extra)
     assert caught.value.body["param"] == param
+
+
+def test_matched_stop(http):
+    """SGLang test_finish_length / test_finish_stop_str (chat and completions): each choice says what ended it,
+    `matched_stop` null on "length", the stop string or the stop token id on "stop"."""
+    base = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    free = http.post("/v1/completions", json=base | {"return_token_ids": True}).json()["choices"][0]
+    assert (free["finish_reason"], free["matched_stop"]) == ("length", None)
+    stop = free["text"][3:5]
+    by_text = http.post("/v1/completions", json=base | {"stop": [stop]}).json()["choices"][0]
+    assert (by_text["finish_reason"], by_text["matched_stop"]) == ("stop", stop)
+    token = free["token_ids"][2]
+    by_token = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": PROMPT}],
+                                                       "max_tokens": 5, "stop_token_ids": [token], "temperature": 0,
+                                                       "logit_bias": {str(token): 100}}).json()["choices"][0]
+    assert (by_token["finish_reason"], by_token["matched_stop"]) == ("stop", token)

@@ -266,6 +266,8 @@ class ChatChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     token_ids: list[int] | None = Field(None, exclude_if=_unset, description="the output's ids (return_token_ids)")
+    matched_stop: str | int | None = Field(None, description="SGLang's: the stop string or stop/EOS token id that "
+                                                             "ended a 'stop' choice")
 
 
 class ChatCompletionResponse(Envelope):
@@ -333,7 +335,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
                 tool_calls=[ResponseToolCall.of(call) for call in delta.calls] or None)
             answers.append(ChatChoice(index=c.index, message=message, finish_reason=finish_reason(c.finish, parsed),
                                       logprobs=chat_logprobs(c.logprobs) if c.logprobs else None,
-                                      token_ids=c.token_ids if body.return_token_ids else None))
+                                      token_ids=c.token_ids if body.return_token_ids else None,
+                                      matched_stop=c.matched_stop))
         return ChatCompletionResponse(model=model, usage=usage, choices=answers, **prompt_extras(body, choices[0]))
 
     return await respond(request, state, body, body.conversation(tool_use), 1, whole,

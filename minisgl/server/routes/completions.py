@@ -78,6 +78,8 @@ class CompletionChoice(BaseModel):
     prompt_token_ids: list[int] | None = Field(None, exclude_if=lambda v: v is None,
                                                description="the prompt's token ids (return_token_ids)")
     prompt_logprobs: PromptLogprobs | None = Field(None, description="vLLM's prompt_logprobs (when asked for)")
+    matched_stop: str | int | None = Field(None, description="SGLang's: the stop string or stop/EOS token id that "
+                                                             "ended a 'stop' choice")
 
 
 class CompletionResponse(Envelope):
@@ -106,7 +108,8 @@ async def completions(body: CompletionRequest, request: Request,
         for c in choices:
             text, entries, ids = echoed(c, body, state.codec)
             answers.append(CompletionChoice(
-                index=c.index, text=text + c.text, finish_reason=c.finish, **token_ids(c, body, ids_only, ids, True),
+                index=c.index, text=text + c.text, finish_reason=c.finish, matched_stop=c.matched_stop,
+                **token_ids(c, body, ids_only, ids, True),
                 logprobs=completion_logprobs(entries + c.logprobs) if body.logprobs is not None else None))
         return CompletionResponse(model=model, usage=usage, choices=answers)
 
