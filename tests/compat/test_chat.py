@@ -208,3 +208,13 @@ def test_cache_salt_keeps_tenants_apart(client):
     assert 1 <= page <= 64  # every whole page of the prompt but its last token
     assert cached("tenant-b")[0] == 0 and cached(None)[0] == 0
     assert cached("tenant-b")[0] == again and cached(None)[0] == again
+
+
+def test_every_streamed_delta_after_the_first_has_text(client):
+    """SGLang run_chat_completion_stream: after the role chunk every delta's content is a string (possibly
+    empty, on a chunk that carries only logprobs or the finish reason), never left out."""
+    chunks = list(client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=12, temperature=0,
+                                                 stream=True, logprobs=True, top_logprobs=2))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(isinstance(c.choices[0].delta.content, str) for c in chunks[1:])
+    assert chunks[-1].choices[0].finish_reason is not None

@@ -20,7 +20,7 @@ from minisgl.core import Constraint
 from minisgl.server.boundary import GenerateRequest
 from minisgl.server.errors import ApiError
 from minisgl.server.generation import Choice, generation_responses, outputs, respond, usage, usage_so_far
-from minisgl.server.parsers.output import OutputParser, ToolUse
+from minisgl.server.parsers.output import ChoiceDelta, OutputParser, ToolUse
 from minisgl.server.parsers.reasoning import ReasoningParser
 from minisgl.server.parsers.tools import ToolCall, forced_schema
 from minisgl.server.protocol import (
@@ -350,6 +350,12 @@ def prompt_extras(body: ChatCompletionRequest, choice: Choice) -> dict:
             "prompt_token_ids": choice.prompt_ids if body.return_token_ids else None}
 
 
+def content_or_nothing(delta: ChoiceDelta, calls: list | None) -> str | None:
+    """A delta with neither text, reasoning nor calls (a token still held back, the last chunk) has content
+    "", as OpenAI's and SGLang's do: clients read delta.content as a string on every chunk after the first."""
+    return None if delta.reasoning or calls else ""
+
+
 def finish_reason(finish: str | None, parser: OutputParser) -> str | None:
     return "tool_calls" if finish == "stop" and parser.calls else finish
 
@@ -379,7 +385,7 @@ async def chunks(state: ServerState, body: ChatCompletionRequest, gen: GenerateR
             calls = [DeltaToolCall(index=made + i, function=ResponseFunction(name=call.name, arguments=call.arguments))
                      for i, call in enumerate(delta.calls)] or None
             yield ChatCompletionChunk(id=chunk_id, model=model, choices=[ChatChunkChoice(
-                index=choice.index, delta=DeltaMessage(content=delta.content or None,
+                index=choice.index, delta=DeltaMessage(content=delta.content or content_or_nothing(delta, calls),
                                                        reasoning_content=delta.reasoning or None, tool_calls=calls),
                 logprobs=chat_logprobs(out.logprobs) if out.logprobs else None,
                 finish_reason=finish_reason(out.finish_reason, parser),
