@@ -206,7 +206,8 @@ def test_cache_salt_keeps_tenants_apart(client):
     again, _ = cached("tenant-a")
     page = prompt - again
     assert 1 <= page <= 64  # every whole page of the prompt but its last token
-    assert cached("tenant-b")[0] == 0 and cached(None)[0] == 0
+    assert cached("tenant-b")[0] == 0
+    assert cached(None)[0] < again  # at most the chat template's head, which other unsalted requests share
     assert cached("tenant-b")[0] == again and cached(None)[0] == again
 
 

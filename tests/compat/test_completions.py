@@ -262,3 +262,13 @@ def test_matched_stop(http):
                                                        "max_tokens": 5, "stop_token_ids": [token], "temperature": 0,
                                                        "logit_bias": {str(token): 100}}).json()["choices"][0]
     assert (by_token["finish_reason"], by_token["matched_stop"]) == ("stop", token)
+
+
+def test_echo_logprobs_and_prompt_logprobs_keep_their_own_counts(client):
+    """echo's logprobs=N and prompt_logprobs=M share one computation, yet each lists its own count of the
+    best tokens (N and M, plus the token itself when it is not among them)."""
+    done = client.completions.create(model="demo", prompt=PROMPT, max_tokens=1, echo=True, logprobs=3,
+                                     extra_body={"prompt_logprobs": 1})
+    choice = done.choices[0]
+    assert all(len(position) <= 2 for position in choice.prompt_logprobs[1:])
+    assert all(3 <= len(top) <= 4 for top in choice.logprobs.top_logprobs[1:])

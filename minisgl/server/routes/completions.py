@@ -126,7 +126,8 @@ def token_ids(c: Choice, body: CompletionRequest, ids_only: bool, echoed_ids: li
     if first and body.return_token_ids:
         fields["prompt_token_ids"] = c.prompt_ids
     if first and body.prompt_logprobs is not None:
-        fields["prompt_logprobs"] = vllm_prompt_logprobs(c.prompt_logprobs or [])
+        n = body.prompt_logprobs  # echo's logprobs may have asked the engine for more
+        fields["prompt_logprobs"] = vllm_prompt_logprobs([e._replace(top=e.top[:n]) for e in c.prompt_logprobs or []])
     return fields
 
 
