@@ -18,7 +18,8 @@ import schemathesis
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 REFUSALS_BY_CODE = {"context_length_exceeded", "too_many_sequences"}
-REFUSALS_BY_PARAM = {"min_tokens", "sampling_params.min_new_tokens", "top_logprobs", "logit_bias", "stream_options",
+REFUSALS_BY_PARAM = {"min_tokens", "sampling_params.min_new_tokens", "top_logprobs", "logit_bias",
+                     "sampling_params.logit_bias", "stream_options",
                      "response_format", "regex", "ebnf", "tools", "tool_choice", "input", "structured_outputs",
                      "guided_json", "guided_regex", "guided_choice", "guided_grammar", "sampling_params.json_schema",
                      "continue_final_message"}

@@ -187,11 +187,11 @@ def test_chat_response_shape():
     resp = ChatCompletionResponse(model="m", usage=usage(), choices=[
         ChatChoice(index=0, message=ChatResponseMessage(content="hello"), finish_reason="stop")])
     body = json.loads(resp.model_dump_json())
-    assert list(body) == ["id", "object", "created", "model", "choices", "usage"]
+    assert list(body) == ["id", "object", "created", "model", "choices", "usage", "prompt_logprobs"]  # + vLLM's
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
     assert isinstance(body["created"], int)
     assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "hello"},
-                                "logprobs": None, "finish_reason": "stop"}]
+                                "logprobs": None, "finish_reason": "stop", "matched_stop": None}]  # + SGLang's
     assert body["usage"]["total_tokens"] == 10
     assert ChatCompletionResponse(model="m", usage=usage(), choices=[]).id != resp.id
 
@@ -217,7 +217,8 @@ def test_completion_shapes():
     body = json.loads(resp.model_dump_json())
     assert list(body) == ["id", "object", "created", "model", "choices", "usage"]
     assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
-    assert body["choices"] == [{"index": 0, "text": "abc", "logprobs": None, "finish_reason": "length"}]
+    assert body["choices"] == [{"index": 0, "text": "abc", "logprobs": None, "finish_reason": "length",
+                                "prompt_logprobs": None, "matched_stop": None}]  # + vLLM's and SGLang's
     ids_only = CompletionChoice(index=0, text="", token_ids=[5, 6], finish_reason="length").model_dump()
     assert ids_only["token_ids"] == [5, 6]
     chunk = CompletionChunk(model="m", choices=[CompletionChoice(index=0, text="a")]).model_dump(exclude_none=True)
