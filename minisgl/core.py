@@ -20,6 +20,9 @@ class Constraint:
     spec: str = ""
 
 
+MAX_LOGIT_BIAS = 300  # entries per request, as OpenAI allows
+
+
 @dataclass
 class SamplingParams:
     """Per-request sampling controls (the OpenAI / vLLM meanings).
@@ -28,7 +31,7 @@ class SamplingParams:
     `logprobs` = N returns the chosen token's log-probability plus the top N alternatives
     (None: no logprobs at all); `prompt_logprobs` = N the same for every prompt token but the first
     (its prefill then skips the prefix cache: cached tokens have no logits). `constraint` restricts
-    every sampled token to those its grammar allows.
+    every sampled token to those its grammar allows. `logit_bias` is added to its tokens' logits first.
     """
 
     temperature: float = 1.0
@@ -46,6 +49,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     constraint: Constraint | None = None
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit before anything else
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, rule: str) -> None:
@@ -80,6 +84,11 @@ class SamplingParams:
             check(value is None or (whole(name) and 0 <= value <= 20), name, "None or an integer in [0, 20]")
         check(self.constraint is None or isinstance(self.constraint, Constraint), "constraint",
               "None or a Constraint")
+        check(self.logit_bias is None or (isinstance(self.logit_bias, dict) and len(self.logit_bias) <= MAX_LOGIT_BIAS
+                                          and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                  and isinstance(v, (int, float)) and -100 <= v <= 100
+                                                  for t, v in self.logit_bias.items())),
+              "logit_bias", f"None or at most {MAX_LOGIT_BIAS} token ids mapped to numbers in [-100, 100]")
         check(self.constraint is None or self.min_tokens == 0, "min_tokens",
               "0 with a constraint (the grammar alone decides where the output may end)")
         self.stop_token_ids = list(self.stop_token_ids)
@@ -130,6 +139,7 @@ def check_request(ids: list[int], params: SamplingParams, vocab_size: int, max_s
     (which would fail on it mid-batch): the prompt, and every token id the sampling parameters name."""
     check_prompt(ids, vocab_size, max_seq_len, kv_capacity)
     check_token_ids(params.stop_token_ids, vocab_size, "stop_token_ids")
+    check_token_ids(list(params.logit_bias or {}), vocab_size, "logit_bias")
 
 
 class ReqStatus(enum.Enum):
@@ -174,6 +184,7 @@ class Req:
     in_flight: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (best over admissions)
     cache_handle: object = None  # the prefix-cache node locked for this request
+    cache_salt: str | None = None  # requests share cached prefixes only with requests of the same salt (vLLM's)
 
     @property
     def scores_prompt(self) -> bool:

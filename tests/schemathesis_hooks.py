@@ -3,10 +3,11 @@
 A schema-valid request must be accepted, except where a JSON schema cannot say in advance that it will be
 refused: a prompt longer than the context (code context_length_exceeded), more sequences (prompts x n)
 than may queue (code too_many_sequences), logit_bias (keys checked against the vocabulary, which a schema
-cannot bound for map keys; and not supported yet), grammars (a JSON schema, regex or EBNF that xgrammar
-cannot follow; two grammars at once), tools (a chat template that cannot show them, tool_choice naming a
-function not in tools or set without tools, no --tool-call-parser for auto), a Responses input without a
-message, and the rules across fields (min_tokens <= max_tokens, and none with a grammar; /generate's
+cannot bound for map keys), grammars (a JSON schema, regex, EBNF or choice, under any of OpenAI's, SGLang's
+or vLLM's names, that xgrammar cannot follow; two grammars at once), continue_final_message with
+add_generation_prompt, tools (a chat template that cannot show them, tool_choice naming a function not in
+tools or set without tools, no --tool-call-parser for auto), a Responses input without a message,
+and the rules across fields (min_tokens <= max_tokens, and none with a grammar; /generate's
 min_new_tokens <= max_new_tokens; top_logprobs needs logprobs; stream_options needs stream). Each of those is
 a 400 that names its reason; any other 400 for schema-valid data fails the run.
 """
@@ -17,8 +18,11 @@ import schemathesis
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 REFUSALS_BY_CODE = {"context_length_exceeded", "too_many_sequences"}
-REFUSALS_BY_PARAM = {"min_tokens", "sampling_params.min_new_tokens", "top_logprobs", "logit_bias", "stream_options",
-                     "response_format", "regex", "ebnf", "tools", "tool_choice", "input"}
+REFUSALS_BY_PARAM = {"min_tokens", "sampling_params.min_new_tokens", "top_logprobs", "logit_bias",
+                     "sampling_params.logit_bias", "stream_options",
+                     "response_format", "regex", "ebnf", "tools", "tool_choice", "input", "structured_outputs",
+                     "guided_json", "guided_regex", "guided_choice", "guided_grammar", "sampling_params.json_schema",
+                     "continue_final_message"}
 
 
 @schemathesis.check

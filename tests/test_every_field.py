@@ -18,6 +18,7 @@ from minisgl.server.routes.responses import ResponsesRequest
 
 CHAT = [{"role": "user", "content": "Tell me a story about a robot."}]
 PROMPT = "Once upon a time"
+PREFILL = CHAT + [{"role": "assistant", "content": "Once upon a time"}]
 TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": {
     "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}}]
 HOT = {"temperature": 2.0, "seed": 3}  # sampling that differs from greedy
@@ -89,7 +90,7 @@ def shared_probes() -> dict:
         "presence_penalty": lambda f: f.text(presence_penalty=2.0, **longer) != f.text(**longer),
         "frequency_penalty": lambda f: f.text(frequency_penalty=2.0, **longer) != f.text(**longer),
         "repetition_penalty": lambda f: f.text(repetition_penalty=3.0, **longer) != f.text(**longer),
-        "logit_bias": lambda f: f.refused("logit_bias", logit_bias={"5": 1.0}),
+        "logit_bias": bias_probe,
         "user": user_probe,
         "stop_token_ids": lambda f: f.ok(stop_token_ids=list(range(512)))["choices"][0]["finish_reason"] == "stop"
         and f.usage(stop_token_ids=list(range(512)))[1] == 1,
@@ -101,6 +102,40 @@ def shared_probes() -> dict:
         "regex": lambda f: re.fullmatch("[0-9]{3}-[a-z]{2}", f.text(regex="[0-9]{3}-[a-z]{2}")) is not None,
         "ebnf": lambda f: f.text(ebnf='root ::= "yes" | "no"') in ("yes", "no"),
     }
+
+
+def vllm_output_probes() -> dict:
+    def prompt_logprobs(answer: dict) -> list | None:
+        return answer["prompt_logprobs"] if "prompt_logprobs" in answer else answer["choices"][0]["prompt_logprobs"]
+
+    return {
+        "prompt_logprobs": lambda f: prompt_logprobs(f.ok()) is None
+        and len(prompt_logprobs(f.ok(prompt_logprobs=1))) == f.usage()[0],
+        "cache_salt": salt_probe,
+        "structured_outputs": lambda f: f.text(structured_outputs={"choice": ["red", "blue"]}, **HOT)
+        in ("red", "blue"),
+        "guided_json": lambda f: isinstance(json.loads(f.text(guided_json={"type": "object"}, max_tokens=300)), dict),
+        "guided_regex": lambda f: re.fullmatch("[0-9]{3}", f.text(guided_regex="[0-9]{3}", **HOT)) is not None,
+        "guided_choice": lambda f: f.text(guided_choice=["red", "blue"], **HOT) in ("red", "blue"),
+        "guided_grammar": lambda f: f.text(guided_grammar='root ::= "yes" | "no"', **HOT) in ("yes", "no"),
+        "return_token_ids": lambda f: len(f.ok(return_token_ids=True)["choices"][0]["token_ids"]) == f.usage()[1]
+        and "token_ids" not in f.ok()["choices"][0],
+    }
+
+
+def salt_probe(f: Front) -> bool:
+    """A salted request hits only the prefix cache its own salt filled."""
+    def cached(salt: str) -> int:
+        return f.ok(cache_salt=salt)["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    salt = f"salt-{f.path}"
+    return cached(salt) == 0 and cached(salt) > 0 and cached(f"{salt}-other") == 0
+
+
+def bias_probe(f: Front) -> bool:
+    """+100 on one token makes a greedy answer that token over and over; a bias outside the vocabulary is a 400."""
+    ids = f.ok(logit_bias={"42": 100}, return_token_ids=True, max_tokens=4, ignore_eos=True)["choices"][0]["token_ids"]
+    return ids == [42] * 4 and f.refused("logit_bias", logit_bias={"99999999": 1})
 
 
 def stop_probe(f: Front) -> bool:
@@ -133,7 +168,7 @@ def parallel_probe(f: Front) -> bool:
     return max(calls(True)) > 1 and set(calls(False)) == {1}
 
 
-CHAT_PROBES = shared_probes() | {
+CHAT_PROBES = shared_probes() | vllm_output_probes() | {
     "messages": lambda f: f.usage(messages=CHAT * 2)[0] > f.usage()[0],
     "max_tokens": lambda f: f.usage(max_tokens=3, ignore_eos=True)[1] == 3,
     "max_completion_tokens": lambda f: f.usage(max_tokens=5, max_completion_tokens=2, ignore_eos=True)[1] == 2,
@@ -147,10 +182,13 @@ CHAT_PROBES = shared_probes() | {
     == "get_time",
     "parallel_tool_calls": parallel_probe,
     "chat_template_kwargs": lambda f: f.usage(chat_template_kwargs={"enable_thinking": False})[0] > f.usage()[0],
+    "add_generation_prompt": lambda f: f.usage(add_generation_prompt=False)[0] < f.usage()[0],
+    "continue_final_message": lambda f: f.usage(messages=PREFILL, continue_final_message=True)[0]
+    < f.usage(messages=PREFILL)[0],
 }
 
 
-COMPLETION_PROBES = shared_probes() | {
+COMPLETION_PROBES = shared_probes() | vllm_output_probes() | {
     "prompt": lambda f: f.usage(prompt=PROMPT * 2)[0] > f.usage()[0],
     "max_tokens": lambda f: f.usage(max_tokens=3, ignore_eos=True)[1] == 3,
     "logprobs": lambda f: len(f.ok(logprobs=2, ignore_eos=True)["choices"][0]["logprobs"]["token_logprobs"]) == 8

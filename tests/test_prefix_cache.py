@@ -5,7 +5,10 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
+from minisgl.core import Req, SamplingParams
+from minisgl.kvcache import KVCacheManager
 from minisgl.kvcache.prefix_cache import NaiveCache, RadixCache, make_prefix_cache
 
 PAGE_SIZES = pytest.mark.parametrize("ps", [1, 4])
@@ -292,3 +295,21 @@ def test_make_prefix_cache() -> None:
     assert isinstance(make_prefix_cache("naive", 4), NaiveCache)
     with pytest.raises(ValueError, match="bogus"):
         make_prefix_cache("bogus", 4)
+
+
+def test_cache_salt_keeps_tenants_apart() -> None:
+    """vLLM's cache_salt: a request reuses pages cached by requests of its own salt only (no salt is a salt
+    of its own), through the manager that keys the cache."""
+    manager = KVCacheManager(64, 2, RadixCache(2), torch.zeros(4, 32, dtype=torch.int32), 4)
+    rids = iter(range(100))
+
+    def cached(salt: str | None) -> int:
+        req = Req(next(rids), list(range(10)), SamplingParams(), 0, cache_salt=salt)
+        manager.admit(req)
+        assert manager.reserve(req, req.seq_len - req.kv_len)
+        req.kv_len = req.seq_len  # as if the prefill ran
+        manager.release(req)
+        return req.cached_tokens
+
+    assert [cached("a"), cached("a"), cached("b"), cached(None), cached("b"), cached(None), cached("a")] == [
+        0, 8, 0, 0, 8, 8, 8]

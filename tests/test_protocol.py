@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from minisgl.server.errors import ApiError, field_path
+from minisgl.server.ipc import Alternative, LogprobEntry
 from minisgl.server.protocol import PromptTokensDetails, Usage, chat_logprobs, completion_logprobs
 from minisgl.server.routes.chat import (
     ChatChoice,
@@ -98,7 +99,8 @@ def test_bad_prompts_are_refused_naming_prompt(prompt):
 
 def test_completion_defaults():
     req = completion()
-    assert req.max_tokens == 16 and req.logprobs is None and req.echo is False and req.n == 1
+    assert req.max_tokens is None and req.DEFAULT_MAX_TOKENS == 16  # 16 when left out, lowered to the room left
+    assert req.logprobs is None and req.echo is False and req.n == 1
 
 
 # ---------------------------------------------------------------- strict types (as OpenAI: no coercion)
@@ -185,11 +187,11 @@ def test_chat_response_shape():
     resp = ChatCompletionResponse(model="m", usage=usage(), choices=[
         ChatChoice(index=0, message=ChatResponseMessage(content="hello"), finish_reason="stop")])
     body = json.loads(resp.model_dump_json())
-    assert list(body) == ["id", "object", "created", "model", "choices", "usage"]
+    assert list(body) == ["id", "object", "created", "model", "choices", "usage", "prompt_logprobs"]  # + vLLM's
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
     assert isinstance(body["created"], int)
     assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "hello"},
-                                "logprobs": None, "finish_reason": "stop"}]
+                                "logprobs": None, "finish_reason": "stop", "matched_stop": None}]  # + SGLang's
     assert body["usage"]["total_tokens"] == 10
     assert ChatCompletionResponse(model="m", usage=usage(), choices=[]).id != resp.id
 
@@ -215,7 +217,8 @@ def test_completion_shapes():
     body = json.loads(resp.model_dump_json())
     assert list(body) == ["id", "object", "created", "model", "choices", "usage"]
     assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
-    assert body["choices"] == [{"index": 0, "text": "abc", "logprobs": None, "finish_reason": "length"}]
+    assert body["choices"] == [{"index": 0, "text": "abc", "logprobs": None, "finish_reason": "length",
+                                "prompt_logprobs": None, "matched_stop": None}]  # + vLLM's and SGLang's
     ids_only = CompletionChoice(index=0, text="", token_ids=[5, 6], finish_reason="length").model_dump()
     assert ids_only["token_ids"] == [5, 6]
     chunk = CompletionChunk(model="m", choices=[CompletionChoice(index=0, text="a")]).model_dump(exclude_none=True)
@@ -241,8 +244,13 @@ def test_models_and_errors():
 # ---------------------------------------------------------------- logprobs payloads
 
 
+def entry(text: str, token_id: int, logprob: float, top: list[tuple[str, float, int]]) -> LogprobEntry:
+    return LogprobEntry(text, token_id, logprob, [Alternative(*alt) for alt in top])
+
+
 def test_chat_logprobs():
-    out = chat_logprobs([("Hé", -0.5, [("Hé", -0.5), ("H", -1.5)]), (" x", -0.1, [])]).model_dump()
+    out = chat_logprobs([entry("Hé", 7, -0.5, [("Hé", -0.5, 7), ("H", -1.5, 3)]),
+                         entry(" x", 9, -0.1, [])]).model_dump()
     assert out == {"content": [
         {"token": "Hé", "logprob": -0.5, "bytes": [72, 195, 169], "top_logprobs": [
             {"token": "Hé", "logprob": -0.5, "bytes": [72, 195, 169]},
@@ -253,14 +261,27 @@ def test_chat_logprobs():
 
 
 def test_completion_logprobs():
-    out = completion_logprobs([("ab", -0.5, [("ab", -0.5), ("a", -2.0)]), ("c", -0.25, [("c", -0.25)])],
-                              text_offset_start=3).model_dump()
+    out = completion_logprobs([entry("ab", 1, -0.5, [("ab", -0.5, 1), ("a", -2.0, 2)]),
+                               entry("c", 3, -0.25, [("c", -0.25, 3)])], text_offset_start=3).model_dump()
     assert out == {"tokens": ["ab", "c"], "token_logprobs": [-0.5, -0.25],
                    "top_logprobs": [{"ab": -0.5, "a": -2.0}, {"c": -0.25}], "text_offset": [3, 5]}
 
 
+def test_completion_top_logprobs_hold_the_token_and_every_alternative():
+    """vLLM: the sampled token is among top_logprobs (N + 1 keys when it is not in the top N; logprobs=0
+    gives just it); two ids that decode to one text both stay, the second keyed by its id."""
+    [sampled_outside, alone, same_text] = completion_logprobs([
+        entry("z", 5, -3.0, [("a", -0.5, 1), ("b", -1.0, 2)]),
+        entry("z", 5, -3.0, []),
+        entry("a", 1, -0.5, [("a", -0.5, 1), ("\ufffd", -1.0, 8), ("\ufffd", -1.5, 9)]),
+    ]).top_logprobs
+    assert sampled_outside == {"z": -3.0, "a": -0.5, "b": -1.0}
+    assert alone == {"z": -3.0}
+    assert same_text == {"a": -0.5, "\ufffd": -1.0, "token_id:9": -1.5}
+
+
 def test_logprobs_stay_json_encodable():
-    out = chat_logprobs([("a", -0.5, [("b", float("-inf"))])])
+    out = chat_logprobs([entry("a", 1, -0.5, [("b", float("-inf"), 2)])])
     json.loads(out.model_dump_json())
     assert out.content[0].top_logprobs[0].logprob == -9999.0
-    json.dumps(completion_logprobs([("a", float("-inf"), [])]).model_dump(), allow_nan=False)
+    json.dumps(completion_logprobs([entry("a", 1, float("-inf"), [])]).model_dump(), allow_nan=False)

@@ -228,3 +228,25 @@ def test_extreme_values_still_sample_a_real_token():
     tiny_penalty = Sampler(2, 4, "cpu")
     tiny_penalty.prepare_row(0, SamplingParams(temperature=1.0, repetition_penalty=1e-300, seed=1), 1, [3], [], [])
     assert tiny_penalty.sample(logits, torch.tensor([0])).token_ids.tolist() == [3]  # the seen, boosted token
+
+
+def test_logit_bias_is_added_per_row_before_sampling() -> None:
+    """OpenAI's logit_bias: +100 forces a token, -100 bans the best one; rows without a bias in the same batch,
+    and a row re-prepared for a request without one, are untouched; logprobs stay the model's."""
+    torch.manual_seed(3)
+    logits = torch.randn(3, V)
+    best = logits.argmax(-1)
+    forced, banned = (int(best[0]) + 1) % V, int(best[1])
+    params = [SamplingParams(temperature=0, logit_bias={forced: 100}), SamplingParams(temperature=0, logit_bias={
+        banned: -100}), SamplingParams(temperature=0)]
+    sampler, rows = make(params)
+    out = sampler.sample(logits, rows, top_n=1)
+    assert out.token_ids[0] == forced
+    assert out.token_ids[1] == logits[1].masked_fill(torch.arange(V) == banned, -1e9).argmax()
+    assert out.token_ids[2] == best[2]
+    assert torch.allclose(out.logprobs, torch.log_softmax(logits, -1).gather(-1, out.token_ids[:, None])[:, 0])
+    hot = SamplingParams(temperature=1.0, logit_bias={forced: 100, banned: 5.0})
+    sampler.prepare_row(1, hot, 9, [], [], [])
+    assert all(sampler.sample(logits[:2], rows[:2]).token_ids[1] == forced for _ in range(5))
+    sampler.prepare_row(0, SamplingParams(temperature=0), 0, [], [], [])  # its bias must not linger
+    assert sampler.sample(logits[:2], rows[:2]).token_ids[0] == best[0]  # beside row 1, still biased

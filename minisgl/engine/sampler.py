@@ -2,8 +2,9 @@
 
 For every row of a logits batch, in this order:
 1. logprobs and top-N come from log_softmax of the RAW logits, before anything below.
-2. Penalties: the repetition penalty p (CTRL / HF style) applies to every token seen in the prompt or
-   the output (positive logits are divided by p, negative ones multiplied by p); then
+2. logit_bias (OpenAI's) is added to its tokens' logits, as a sparse row of (id, bias) pairs: one
+   scatter-add over the batch. Then penalties: the repetition penalty p (CTRL / HF style) applies to
+   every token seen in the prompt or the output (positive logits are divided by p, negative ones multiplied by p); then
    `frequency_penalty * count_in_output` and `presence_penalty * (count_in_output > 0)` are subtracted.
 3. min_tokens: while the row has generated fewer than min_tokens tokens, its banned ids (EOS ids and
    stop_token_ids) get -inf. Grammar: tokens the row's bitmask leaves out get -inf too (structured
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from minisgl.constrained import apply_bitmask
-from minisgl.core import SamplingParams
+from minisgl.core import MAX_LOGIT_BIAS, SamplingParams
 from minisgl.kernels import use_triton
 
 _M32 = 0xFFFFFFFF
@@ -74,11 +75,15 @@ class Sampler:
         self.counts: torch.Tensor | None = None  # output token counts (float32)
         self.in_prompt: torch.Tensor | None = None  # prompt token presence (bool)
         self.banned: torch.Tensor | None = None  # ids banned before min_tokens (bool)
+        # [max_rows, MAX_LOGIT_BIAS] logit_bias pairs (a row's unused slots add 0 to token 0), allocated likewise.
+        self.bias_ids: torch.Tensor | None = None
+        self.bias_values: torch.Tensor | None = None
         # Rows that sample randomly / need the sort for top-k or top-p / use min-p, so that `sample` can
         # skip that work, or take the fused kernel, without a device sync.
         self._random: set[int] = set()
         self._sorting: set[int] = set()
         self._min_p: set[int] = set()
+        self._biased: set[int] = set()
 
     def _ids(self, ids: list[int]) -> torch.Tensor:
         return torch.tensor(ids, dtype=torch.int64, device=self.device)
@@ -105,27 +110,45 @@ class Sampler:
             self.counts[row] = torch.bincount(self._ids(output_ids), minlength=vocab)
             self.in_prompt[row] = False
             self.in_prompt[row, self._ids(prompt_ids)] = True
+        self._prepare_bias(row, p.logit_bias)
         if min_tokens > 0:
             if self.banned is None:
                 self.banned = torch.zeros(self.max_rows, vocab, dtype=torch.bool, device=self.device)
             self.banned[row] = False
             self.banned[row, self._ids(min_tokens_banned)] = True
 
+    def _prepare_bias(self, row: int, bias: dict[int, float] | None) -> None:
+        """Load the row's logit_bias; a row without one adds zeros (batches with a biased row add every row's)."""
+        if bias:
+            if self.bias_ids is None:
+                self.bias_ids = torch.zeros(self.max_rows, MAX_LOGIT_BIAS, dtype=torch.int64, device=self.device)
+                self.bias_values = torch.zeros(self.max_rows, MAX_LOGIT_BIAS, device=self.device)
+            ids, values = torch.zeros(MAX_LOGIT_BIAS, dtype=torch.int64), torch.zeros(MAX_LOGIT_BIAS)
+            ids[:len(bias)], values[:len(bias)] = torch.tensor(list(bias)), torch.tensor(list(bias.values()))
+            self.bias_ids[row], self.bias_values[row] = ids, values
+            self._biased.add(row)
+        elif self.bias_values is not None:
+            self.bias_values[row] = 0
+            self._biased.discard(row)
+
     def release_row(self, row: int) -> None:
-        """The row's request left: greedy batches after it need not pay for random sampling."""
+        """The row's request left: greedy batches after it need not pay for random sampling or its bias."""
         self._random.discard(row)
         self._sorting.discard(row)
         self._min_p.discard(row)
+        self._biased.discard(row)
 
     @property
     def needs_random(self) -> bool:
         return bool(self._random)
 
     def process_logits(self, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Steps 2-3 (penalties, min_tokens), in float32 when there are any; never modifies `logits` in
-        place. Without them the logits come back as they are: argmax and the fused race read any dtype."""
-        if self.counts is not None or self.banned is not None:
+        """Steps 2-3 (logit_bias, penalties, min_tokens), in float32 when there are any; never modifies `logits`
+        in place. Without them the logits come back as they are: argmax and the fused race read any dtype."""
+        if self.counts is not None or self.banned is not None or self._biased:
             logits = logits.float()
+        if self._biased:
+            logits = logits.scatter_add(1, self.bias_ids[rows], self.bias_values[rows])
         if self.counts is not None:
             presence, frequency, repetition = self.floats[rows, 3:].T.unsqueeze(-1)
             counts = self.counts[rows]

@@ -14,6 +14,15 @@ from minisgl.kvcache.pool import PageAllocator
 from minisgl.kvcache.prefix_cache import PrefixCache
 
 
+def cache_key(req: Req, tokens: list[int]) -> list:
+    """The prefix cache's key for req's tokens. With a cache_salt the first element is (salt, first token):
+    it equals no token and no other salt's, so salted requests share pages only with the same salt, while
+    pages stay aligned with the tokens whose K/V they hold."""
+    if req.cache_salt is None or not tokens:
+        return tokens
+    return [(req.cache_salt, tokens[0]), *tokens[1:]]
+
+
 class KVCacheManager:
     def __init__(self, num_pages: int, page_size: int, cache: PrefixCache, page_table: torch.Tensor, num_rows: int):
         self.page_size = page_size
@@ -38,7 +47,7 @@ class KVCacheManager:
         without `match`: a request that needs logits at every prompt position computes them all).
 
         At least one token is always left to compute, since its logits are what we sample from."""
-        handle, pages = self.cache.match(req.all_ids[: req.seq_len - 1] if match else [])
+        handle, pages = self.cache.match(cache_key(req, req.all_ids[: req.seq_len - 1]) if match else [])
         self.cache.lock(handle)
         req.row = self.free_rows.pop()
         req.cache_handle, req.pages = handle, list(pages)
@@ -70,7 +79,7 @@ class KVCacheManager:
         step that could read these pages)."""
         full = min(req.kv_len, req.seq_len) // self.page_size
         tokens = req.all_ids[: full * self.page_size]
-        self.allocator.free(self.cache.insert(tokens, req.pages[:full]))
+        self.allocator.free(self.cache.insert(cache_key(req, tokens), req.pages[:full]))
         self.allocator.free(req.pages[full:])
         self.cache.unlock(req.cache_handle)
         self.free_rows.append(req.row)

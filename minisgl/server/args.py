@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     outputs.add_argument("--tool-call-parser", choices=sorted(TOOL_CALL_PARSERS),
                          help="how the model writes tool calls, for tool_choice auto: hermes (= qwen, qwen25: "
                               "<tool_call> blocks) or llama3 (JSON); without it only forced calls are served")
+    outputs.add_argument("--grammar-backend", "--structured-outputs-config.backend", choices=["xgrammar"],
+                         default="xgrammar", help="SGLang's and vLLM's spellings: structured outputs always use "
+                                                  "xgrammar (another backend is refused)")
     outputs.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS),
                          help="move the model's <think>...</think> into reasoning_content (qwen3, deepseek-r1)")
 

@@ -51,6 +51,7 @@ class GenerateRequest:
     stop: list[str]  # matched on the decoded text by the detokenizer
     n: int
     seed: int | None
+    cache_salt: str | None = None
 
 
 async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, prompt: PromptInput) -> GenerateRequest:
@@ -62,10 +63,11 @@ async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, p
             check_prompt_length(count, limits.max_seq_len, limits.kv_capacity)  # a text too long has no ids
             check_prompt(ids, limits.vocab_size, limits.max_seq_len, limits.kv_capacity)
         prompts = [ids for _, ids, _ in encoded]
-        room = limits.max_seq_len - max(len(ids) for ids in prompts)
-        requested = values.pop("max_tokens")
-        values["max_tokens"] = room if requested is None else min(requested, room)
-        # Clamped like max_tokens, so a request valid on its own is not refused for a long prompt.
+        longest = max(len(ids) for ids in prompts)
+        room = limits.max_seq_len - longest
+        values["max_tokens"] = fitted_max_tokens(values.pop("max_tokens"), body.DEFAULT_MAX_TOKENS, room, longest,
+                                                 limits.max_seq_len, renamed.get("max_tokens", "max_tokens"))
+        # Left out, max_tokens is what the context leaves: min_tokens is lowered the same way.
         values["min_tokens"] = min(values["min_tokens"] or 0, room)
         params = SamplingParams(**{k: v for k, v in values.items() if v is not None})
         if body.constraints() and params.min_tokens:
@@ -73,7 +75,6 @@ async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, p
                              f"decides where the output may end")
         for ids in prompts:
             check_request(ids, params, limits.vocab_size, limits.max_seq_len, limits.kv_capacity)
-    check_logit_bias(body.logit_bias, limits.vocab_size)
     params.constraint = await constraint(codec, body)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if stop:
@@ -81,7 +82,24 @@ async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, p
     texts = [text for _, _, text in encoded]
     if body.wants_prompt_text() and codec.tokenizer is not None:
         texts = [text if text is not None else await codec.decode(ids) for text, ids in zip(texts, prompts)]
-    return GenerateRequest(prompts, texts, params, stop, body.n, body.seed)
+    salt = getattr(body, "cache_salt", None)  # vLLM's fronts (chat, completions) have one
+    return GenerateRequest(prompts, texts, params, stop, body.n, body.seed, salt)
+
+
+def fitted_max_tokens(requested: int | None, default: int | None, room: int, prompt_tokens: int, context: int,
+                      param: str) -> int:
+    """The request's max_tokens: left out, its default (or all the room there is) lowered to what the context
+    leaves; asked for beyond that room, a 400 as vLLM and SGLang answer (prompt + max_tokens > context),
+    worded so that clients matching either peer's message recognise it."""
+    if requested is None:
+        return min(default or room, room)
+    if requested > room:
+        raise ApiError(400, f"'{param}' is too large: {requested}. This model's maximum context length is {context} "
+                            f"tokens and your request has {prompt_tokens} input tokens ({requested} > {context} - "
+                            f"{prompt_tokens}). Requested token count exceeds the model's maximum context length of "
+                            f"{context} tokens: reduce the input or {param}.",
+                       param=param, code="context_length_exceeded")
+    return requested
 
 
 @contextmanager
@@ -125,13 +143,3 @@ async def constraint(codec: TextCodec, body: SamplingFields) -> Constraint | Non
     except ValueError as exc:
         raise ApiError(400, f"{param} is not a grammar this server can follow: {exc}", param=param) from None
     return grammar
-
-
-def check_logit_bias(bias: dict[str, float] | None, vocab_size: int) -> None:
-    if not bias:
-        return
-    bad = next((key for key in bias if int(key) >= vocab_size), None)  # the schema made them decimal digits
-    if bad is not None:
-        raise ApiError(400, f"logit_bias keys must be token ids in [0, {vocab_size}), got {bad!r}",
-                       param="logit_bias")
-    raise ApiError(400, "logit_bias is not supported yet", param="logit_bias", code="unsupported_parameter")

@@ -15,7 +15,18 @@ import zmq
 from minisgl.core import TokenLogprob
 from minisgl.scheduler import AbortReq
 from minisgl.server.detokenizer import IncrementalDetokenizer
-from minisgl.server.ipc import DetokRegister, IpcPaths, Ready, ReqOutput, TextOutput, become_child, inbox, outbox
+from minisgl.server.ipc import (
+    Alternative,
+    DetokRegister,
+    IpcPaths,
+    LogprobEntry,
+    Ready,
+    ReqOutput,
+    TextOutput,
+    become_child,
+    inbox,
+    outbox,
+)
 
 logger = logging.getLogger("minisgl.detokenizer")
 
@@ -98,9 +109,9 @@ class Detokenizer:
                           out.cached_tokens, out.error,
                           matched, self.entries(out.prompt_logprobs) if out.prompt_logprobs is not None else None)
 
-    def entries(self, logprobs: list[TokenLogprob]) -> list[tuple[str, float, list[tuple[str, float]]]]:
-        return [(self.token_text(lp.token_id), lp.logprob, [(self.token_text(t), v) for t, v in lp.top])
-                for lp in logprobs]
+    def entries(self, logprobs: list[TokenLogprob]) -> list[LogprobEntry]:
+        return [LogprobEntry(self.token_text(lp.token_id), lp.token_id, lp.logprob,
+                             [Alternative(self.token_text(t), v, t) for t, v in lp.top]) for lp in logprobs]
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id]) if self.tokenizer is not None else f"token_id:{token_id}"

@@ -97,13 +97,13 @@ class EngineClient:
     # ---- sequences -------------------------------------------------------------------------------
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, stop: list[str], seed: int,
-               user: str | None = None) -> Sequence:
+               user: str | None = None, cache_salt: str | None = None) -> Sequence:
         """Send one admitted sequence to the engine (it stays counted as queued until its first token);
-        `user` (the request's end user) goes into its log line."""
+        `user` (the request's end user) goes into its log line; `cache_salt` keeps its prefix cache apart."""
         seq = Sequence(next(self.ids), len(prompt_ids), user)
         self.sequences[seq.rid] = seq
         self.to_detok.send_pyobj(DetokRegister(seq.rid, stop))
-        self.to_scheduler.send_pyobj(AddReq(Req(seq.rid, prompt_ids, params, seed)))
+        self.to_scheduler.send_pyobj(AddReq(Req(seq.rid, prompt_ids, params, seed, cache_salt=cache_salt)))
         return seq
 
     async def stream(self, seq: Sequence) -> AsyncIterator[TextOutput]:

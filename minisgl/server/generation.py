@@ -74,8 +74,8 @@ async def start(state: ServerState, body: SamplingFields, prompt: PromptInput, p
             for i in range(gen.n):
                 index = p * gen.n + i
                 seed = gen.seed + index if gen.seed is not None else random.getrandbits(63)
-                choices.append(Choice(index, p, client.submit(ids, gen.params, gen.stop, seed, body.user), ids,
-                                      gen.prompt_texts[p]))
+                seq = client.submit(ids, gen.params, gen.stop, seed, body.user, gen.cache_salt)
+                choices.append(Choice(index, p, seq, ids, gen.prompt_texts[p]))
     finally:
         state.preparing -= 1
         client.release(sequences - len(choices))
@@ -141,6 +141,12 @@ def usage(choices: list[Choice], prompts: list[list[int]]) -> Usage:
     completion = sum(c.seq.completion_tokens for c in choices)
     return Usage(prompt_tokens=sum(len(p) for p in prompts), completion_tokens=completion,
                  prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(cached.values())))
+
+
+def usage_so_far(choice: Choice) -> Usage:
+    """One choice's usage so far: what vLLM's continuous_usage_stats puts on each of its chunks."""
+    return Usage(prompt_tokens=len(choice.prompt_ids), completion_tokens=len(choice.token_ids),
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=choice.seq.cached_tokens))
 
 
 def generation_responses(whole: type[BaseModel], chunk: type[BaseModel]) -> dict:

@@ -14,6 +14,7 @@ import ctypes
 import signal
 import tempfile
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import zmq
 
@@ -80,6 +81,22 @@ class DetokRegister:
     skip_special_tokens: bool = True
 
 
+class Alternative(NamedTuple):
+    text: str
+    logprob: float
+    token_id: int
+
+
+class LogprobEntry(NamedTuple):
+    """One token's log-probability as the detokenizer passes it on: its text and id, and the top
+    alternatives (ids kept, so that two tokens of one text stay apart)."""
+
+    text: str
+    token_id: int
+    logprob: float | None  # None: an echoed prompt's first token (nothing comes before it)
+    top: list[Alternative]
+
+
 @dataclass
 class TextOutput:
     """Detokenizer -> api: the text a request produced since its last output."""
@@ -87,13 +104,13 @@ class TextOutput:
     rid: int
     text: str
     new_ids: list[int]
-    logprobs: list[tuple[str, float, list[tuple[str, float]]]]  # (token text, logprob, top alternatives)
+    logprobs: list[LogprobEntry]
     finish_reason: str | None
     prompt_tokens: int
     cached_tokens: int
     error: str | None = None  # the request failed alone (finish_reason "abort"); its client gets this message
     matched_stop: str | int | None = None  # with finish_reason "stop": the stop string, or the stop/EOS token id
-    prompt_logprobs: list[tuple[str, float, list[tuple[str, float]]]] | None = None  # prompt tokens 1..
+    prompt_logprobs: list[LogprobEntry] | None = None  # prompt tokens 1..
 
 
 @dataclass

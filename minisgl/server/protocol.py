@@ -14,7 +14,7 @@ import json
 import math
 import time
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
@@ -29,7 +29,8 @@ from pydantic import (
     field_validator,
 )
 
-from minisgl.core import Constraint
+from minisgl.core import MAX_LOGIT_BIAS, Constraint
+from minisgl.server.ipc import LogprobEntry
 
 MAX_N = 16
 MAX_STOP_STRINGS = 16
@@ -69,7 +70,8 @@ TokenId = integer(ge=0, **{TOKEN_ID_MARK: True})
 DIGITS = r"^[0-9]+$"
 LogitBias = Annotated[
     dict[Annotated[str, StringConstraints(pattern=DIGITS)], Annotated[float, Field(ge=-100, le=100)]],
-    WithJsonSchema({"type": "object", "additionalProperties": False,
+    Field(max_length=MAX_LOGIT_BIAS),
+    WithJsonSchema({"type": "object", "additionalProperties": False, "maxProperties": MAX_LOGIT_BIAS,
                     "patternProperties": {DIGITS: {"type": "number", "minimum": -100, "maximum": 100}}})]
 
 
@@ -81,7 +83,9 @@ class StrictRequest(BaseModel):
 
 
 class StreamOptions(StrictRequest):
-    include_usage: bool = False
+    include_usage: bool | None = Field(False, description="a last chunk with the usage and no choices")
+    continuous_usage_stats: bool | None = Field(False, description="with include_usage (as vLLM has it): every "
+                                                "chunk also carries its choice's usage so far")
 
 
 class JsonSchemaSpec(StrictRequest):
@@ -118,6 +122,9 @@ def response_format_constraint(fmt: TextFormat | JsonObjectFormat | JsonSchemaFo
 class SamplingFields(StrictRequest):
     """The fields chat and text completions share: OpenAI's, then vLLM's and SGLang's extensions."""
 
+    # max_tokens when the request leaves it out (lowered to what the context leaves); None: all of that room.
+    DEFAULT_MAX_TOKENS: ClassVar[int | None] = None
+
     # Optional, as vLLM and SGLang have it (OpenAI requires it): left out, the served model; null is refused.
     model: Text = Field(None, json_schema_extra={SERVED_MODEL_MARK: True})
     n: integer(ge=1, le=MAX_N) = 1
@@ -130,7 +137,8 @@ class SamplingFields(StrictRequest):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: LogitBias | None = Field(
-        None, description="token id (as a string) -> bias; the ids are checked, a non-empty map is not supported yet")
+        None, description="token id (as a string) -> a number in [-100, 100] added to its logit before sampling "
+                          "(logprobs stay those of the model)")
     user: Text | None = Field(None, description="the end user, written in the request's log line")
     top_k: integer(ge=-1) | None = Field(None, description="-1 or 0: off")
     min_p: float | None = Field(None, ge=0, le=1)
@@ -165,7 +173,8 @@ class SamplingFields(StrictRequest):
         return {name: getattr(self, name) for name in (
             "temperature", "top_p", "min_p", "min_tokens", "ignore_eos", "stop_token_ids", "seed",
             "presence_penalty", "frequency_penalty", "repetition_penalty")} | {
-            "top_k": -1 if self.top_k == 0 else self.top_k}  # 0 is vLLM's spelling of "off"
+            "top_k": -1 if self.top_k == 0 else self.top_k,  # 0 is vLLM's spelling of "off"
+            "logit_bias": {int(token): bias for token, bias in self.logit_bias.items()} if self.logit_bias else None}
 
     def constraints(self) -> list[tuple[str, Constraint]]:
         """The grammars this request asks for, each with the field that asks (at most one may)."""
@@ -177,6 +186,70 @@ class SamplingFields(StrictRequest):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and bool(self.stream_options.continuous_usage_stats)
+
+
+def choice_constraint(choices: list[str]) -> Constraint:
+    """The output is exactly one of `choices`: an EBNF of their literals (JSON's string escapes are EBNF's)."""
+    return Constraint("ebnf", "root ::= " + " | ".join(json.dumps(choice, ensure_ascii=False) for choice in choices))
+
+
+def json_schema_constraint(schema: dict[str, Any] | str) -> Constraint:
+    return Constraint("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
+
+
+Choices = Annotated[list[Text], Field(min_length=1)]
+
+
+class StructuredOutputs(StrictRequest):
+    """vLLM's `structured_outputs`: one grammar for the output."""
+
+    json_: dict[str, Any] | Text | None = Field(None, alias="json", description="a JSON schema (object or text)")
+    json_object: bool | None = Field(None, description="true: any JSON object")
+    regex: Text | None = None
+    choice: Choices | None = Field(None, description="the output is exactly one of these")
+    grammar: Text | None = Field(None, description="EBNF in xgrammar's dialect (rule `root`)")
+
+    def constraints(self) -> list[Constraint]:
+        asked = [json_schema_constraint(self.json_) if self.json_ is not None else None,
+                 Constraint("json_object") if self.json_object else None,
+                 Constraint("regex", self.regex) if self.regex is not None else None,
+                 choice_constraint(self.choice) if self.choice is not None else None,
+                 Constraint("ebnf", self.grammar) if self.grammar is not None else None]
+        return [c for c in asked if c is not None]
+
+
+class VllmExtras(StrictRequest):
+    """vLLM's extensions of chat and text completions beyond sampling."""
+
+    structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's: the output matches one grammar")
+    guided_json: dict[str, Any] | Text | None = Field(None, description="vLLM's older spelling of "
+                                                      "structured_outputs.json")
+    guided_regex: Text | None = Field(None, description="vLLM's older spelling of structured_outputs.regex")
+    guided_choice: Choices | None = Field(None, description="vLLM's older spelling of structured_outputs.choice")
+    guided_grammar: Text | None = Field(None, description="vLLM's older spelling of structured_outputs.grammar "
+                                                          "(EBNF in xgrammar's dialect)")
+
+    prompt_logprobs: integer(ge=0, le=MAX_LOGPROBS) | None = Field(
+        None, description="vLLM's: every prompt token's logprob and the N best (the first token: null), keyed by "
+                          "token id")
+    return_token_ids: bool = Field(False, description="vLLM's: the prompt's and the output's token ids")
+    cache_salt: NonEmptyText | None = Field(None, description="vLLM's: the request shares cached prompt prefixes "
+                                            "only with requests of the same salt (tenants apart)")
+
+    def vllm_constraints(self) -> list[tuple[str, Constraint]]:
+        """The grammars vLLM's fields ask for, each with the field that asks."""
+        asked = [("structured_outputs", c) for c in (self.structured_outputs.constraints()
+                                                     if self.structured_outputs else [])]
+        asked += [("guided_json", json_schema_constraint(self.guided_json)) if self.guided_json is not None else None,
+                  ("guided_regex", Constraint("regex", self.guided_regex)) if self.guided_regex is not None else None,
+                  ("guided_choice", choice_constraint(self.guided_choice)) if self.guided_choice is not None else None,
+                  ("guided_grammar", Constraint("ebnf", self.guided_grammar)) if self.guided_grammar is not None
+                  else None]
+        return [asked_by for asked_by in asked if asked_by is not None]
 
 
 # ---------------------------------------------------------------- responses
@@ -216,8 +289,6 @@ def new_id(prefix: str) -> Any:
 
 # ---------------------------------------------------------------- logprobs payloads
 
-LogprobEntry = tuple[str, float, list[tuple[str, float]]]  # (token, logprob, [(alt token, logprob)])
-
 
 def _lp(value: float) -> float:
     # JSON has no -inf (Starlette refuses to encode it); a masked-out alternative gets a floor instead.
@@ -252,18 +323,53 @@ def chat_logprobs(entries: list[LogprobEntry]) -> ChatLogprobs:
         return {"token": token, "logprob": _lp(lp), "bytes": list(token.encode("utf-8"))}
 
     return ChatLogprobs(content=[
-        TokenLogprob(**item(tok, lp), top_logprobs=[TopLogprob(**item(t, alt)) for t, alt in top])
-        for tok, lp, top in entries])
+        TokenLogprob(**item(e.text, e.logprob), top_logprobs=[TopLogprob(**item(alt.text, alt.logprob))
+                                                              for alt in e.top])
+        for e in entries])
 
 
 def completion_logprobs(entries: list[LogprobEntry], text_offset_start: int = 0) -> CompletionLogprobs:
     """The legacy completions `logprobs` object; `text_offset` counts characters into the returned text.
     An entry whose logprob is None (an echoed prompt's first token) has None for its top alternatives too."""
     offsets, pos = [], text_offset_start
-    for token, _, _ in entries:
+    for e in entries:
         offsets.append(pos)
-        pos += len(token)
+        pos += len(e.text)
     return CompletionLogprobs(
-        tokens=[tok for tok, _, _ in entries], token_logprobs=[None if lp is None else _lp(lp) for _, lp, _ in entries],
-        top_logprobs=[None if lp is None else {t: _lp(alt) for t, alt in top} for _, lp, top in entries],
-        text_offset=offsets)
+        tokens=[e.text for e in entries],
+        token_logprobs=[None if e.logprob is None else _lp(e.logprob) for e in entries],
+        top_logprobs=[None if e.logprob is None else completion_top(e) for e in entries], text_offset=offsets)
+
+
+class VllmLogprob(BaseModel):
+    logprob: float
+    rank: int | None  # among the top N (1 the best); null for a prompt token outside them
+    decoded_token: str
+
+
+PromptLogprobs = list[dict[str, VllmLogprob] | None]
+
+
+def vllm_prompt_logprobs(entries: list[LogprobEntry]) -> PromptLogprobs:
+    """vLLM's `prompt_logprobs`: null for the first prompt token, then per position the token itself and the
+    N best, keyed by token id."""
+    positions: PromptLogprobs = [None]
+    for e in entries:
+        ranked = {alt.token_id: (rank, alt) for rank, alt in enumerate(e.top, 1)}
+        position = {str(e.token_id): VllmLogprob(logprob=_lp(e.logprob), rank=ranked.get(e.token_id, (None,))[0],
+                                                 decoded_token=e.text)}
+        for token_id, (rank, alt) in ranked.items():
+            position.setdefault(str(token_id), VllmLogprob(logprob=_lp(alt.logprob), rank=rank, decoded_token=alt.text))
+        positions.append(position)
+    return positions
+
+
+def completion_top(entry: LogprobEntry) -> dict[str, float]:
+    """A position's `top_logprobs`, as vLLM gives it: the token itself, then the top alternatives (N + 1 keys
+    when it is not among them). Keys are texts, so a second token of an already-listed text is keyed
+    `token_id:N` (vLLM's spelling of a token by id) instead of overwriting the first."""
+    top = {entry.text: _lp(entry.logprob)}
+    for alt in entry.top:
+        if alt.token_id != entry.token_id:
+            top[alt.text if alt.text not in top else f"token_id:{alt.token_id}"] = _lp(alt.logprob)
+    return top

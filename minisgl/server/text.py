@@ -31,12 +31,15 @@ NO_TOKENIZER = "this server runs with --skip-tokenizer-init and has no tokenizer
 class Conversation:
     """A chat prompt: the messages and tools as the chat template takes them, and the client's extra
     template variables (`enable_thinking`...); `tools_needed`: the output may call the tools, so a template
-    that cannot show them to the model is refused."""
+    that cannot show them to the model is refused. `add_generation_prompt` opens the assistant's turn;
+    `continue_final_message` leaves the last message open (no end-of-turn) for the model to go on with."""
 
     messages: list[dict]
     tools: list[dict] | None = None
     tools_needed: bool = False
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 # Names a client's template variables may not take: apply_chat_template's own parameters, and `messages`.
@@ -66,8 +69,7 @@ class TextCodec:
         return await self.run(self._encode, text, limit)
 
     async def encode_chat(self, conversation: Conversation, limit: int) -> tuple[int, list[int], str]:
-        """The conversation through the model's chat template (with the assistant's turn opened), encoded;
-        and the template's text."""
+        """The conversation through the model's chat template, encoded; and the template's text."""
         return await self.run(self._encode_chat, conversation, limit)
 
     def token_text(self, token_id: int) -> str:
@@ -116,8 +118,9 @@ class TextCodec:
         try:
             if conversation.tools_needed and "tools" not in self.tokenizer.get_chat_template(tools=tools):
                 raise ApiError(400, "this model's chat template does not show tools to the model", param="tools")
-            text = self.tokenizer.apply_chat_template(conversation.messages, tools=tools, add_generation_prompt=True,
-                                                      tokenize=False, **kwargs)
+            text = self.tokenizer.apply_chat_template(
+                conversation.messages, tools=tools, add_generation_prompt=conversation.add_generation_prompt,
+                continue_final_message=conversation.continue_final_message, tokenize=False, **kwargs)
         except ApiError:
             raise
         except Exception as exc:  # the template is a program run on the client's messages; it refused them

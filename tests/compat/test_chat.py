@@ -93,3 +93,129 @@ def test_stop_token_ids_checked_against_the_vocabulary(client, http):
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=5,
                                        extra_body={"stop_token_ids": [-1]})
+
+
+def test_max_tokens_beyond_the_context_is_400(client, http):
+    """vLLM and SGLang (test_max_tokens_validation): prompt + max_tokens over the context is a 400 in both
+    peers' words, never a silently shorter answer; exactly what the context leaves is served, and a request
+    without max_tokens gets that room."""
+    context = http.get("/get_server_info").json()["max_seq_len"]
+    prompt = client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=1).usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=context - prompt + 1)
+    body = caught.value.body
+    assert (body["param"], body["code"]) == ("max_tokens", "context_length_exceeded")
+    assert "Requested token count exceeds the model's maximum context" in body["message"]  # SGLang's words
+    assert f"This model's maximum context length is {context} tokens" in body["message"]  # vLLM's
+    assert f"{context - prompt + 1} > {context} - {prompt}" in body["message"]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="demo", messages=MESSAGES, max_completion_tokens=context)
+    assert caught.value.body["param"] == "max_completion_tokens"
+    # Left out, max_tokens is the room left: the request is served (it ends at once on a forced stop token).
+    forced = {"logit_bias": {"42": 100}, "stop_token_ids": [42]}
+    done = client.chat.completions.create(model="demo", messages=MESSAGES, extra_body=forced)
+    assert done.choices[0].finish_reason == "stop" and done.usage.completion_tokens == 1
+
+
+def test_continuous_usage_stats(client):
+    """vLLM and SGLang continuous_usage_stats on chat: every chunk carries the usage so far (the role chunk
+    counts no completion tokens yet), counting up to the last chunk's total."""
+    chunks = list(client.chat.completions.create(
+        model="demo", messages=MESSAGES, max_tokens=4, temperature=0, stream=True, extra_body={"ignore_eos": True},
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    counts = [c.usage.completion_tokens for c in chunks]
+    assert counts[0] == 0 and counts == sorted(counts) and counts[-2:] == [4, 4]
+    assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens for c in chunks)
+
+
+PREFILL = MESSAGES + [{"role": "assistant", "content": "The capital of France is"}]
+
+
+def test_continue_final_message_prefills_the_answer(client, http, tokenizer):
+    """vLLM and SGLang (test_response_prefill) continue_final_message: the trailing assistant message is left
+    open, without the end-of-turn token nor a new assistant header, and the model goes on from its last
+    word; /tokenize gives the very prompt the chat route runs."""
+    opened = http.post("/tokenize", json={"messages": PREFILL, "continue_final_message": True,
+                                          "add_generation_prompt": False}).json()["tokens"]
+    answer = tokenizer("The capital of France is", add_special_tokens=False)["input_ids"]
+    assert opened[-len(answer):] == answer
+    closed = http.post("/tokenize", json={"messages": PREFILL}).json()["tokens"]
+    assert closed[:len(opened)] == opened and len(closed) > len(opened)  # end of turn, a new turn opened
+    done = client.chat.completions.create(model="demo", messages=PREFILL, max_tokens=2,
+                                          extra_body={"continue_final_message": True})  # add_generation_prompt: off
+    assert done.usage.prompt_tokens == len(opened)
+
+
+def test_add_generation_prompt(http):
+    """vLLM add_generation_prompt (chat and /tokenize): false leaves out the assistant header that true (the
+    default) puts after the messages."""
+    with_header = http.post("/tokenize", json={"messages": MESSAGES}).json()["tokens"]
+    without = http.post("/tokenize", json={"messages": MESSAGES, "add_generation_prompt": False}).json()["tokens"]
+    assert with_header[:len(without)] == without and len(with_header) > len(without)
+    usage = http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1,
+                                                    "add_generation_prompt": False}).json()["usage"]
+    assert usage["prompt_tokens"] == len(without)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+def test_continue_and_add_generation_prompt_together_is_400(http, path):
+    """vLLM: continue_final_message and add_generation_prompt both true contradict each other: a 400."""
+    response = http.post(path, json={"messages": PREFILL, "continue_final_message": True,
+                                     "add_generation_prompt": True})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "continue_final_message"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_prompt_logprobs_and_token_ids(client, http, tokenizer, stream):
+    """vLLM chat prompt_logprobs and return_token_ids: the response has the prompt's ids (those /tokenize
+    gives) and its logprobs (null first, then each token's entry keyed by its id); each choice the output's
+    ids, decoding to its text."""
+    prompt = http.post("/tokenize", json={"messages": MESSAGES}).json()["tokens"]
+    args = dict(model="demo", messages=MESSAGES, max_tokens=4, temperature=0,
+                extra_body={"prompt_logprobs": 1, "return_token_ids": True, "ignore_eos": True})
+    if stream:
+        chunks = [c.model_dump() for c in client.chat.completions.create(stream=True, **args)]
+        prompt_ids = [c["prompt_token_ids"] for c in chunks if c.get("prompt_token_ids")]
+        scored = [c["prompt_logprobs"] for c in chunks if c.get("prompt_logprobs")]
+        assert prompt_ids == [prompt] and len(scored) == 1
+        positions = scored[0]
+        output = [t for c in chunks for choice in c["choices"] for t in choice.get("token_ids") or []]
+        text = "".join(choice["delta"].get("content") or "" for c in chunks for choice in c["choices"])
+    else:
+        done = client.chat.completions.create(**args).model_dump()
+        assert done["prompt_token_ids"] == prompt
+        positions, output = done["prompt_logprobs"], done["choices"][0]["token_ids"]
+        text = done["choices"][0]["message"]["content"]
+    assert len(positions) == len(prompt) and positions[0] is None
+    assert all(str(t) in position for t, position in zip(prompt[1:], positions[1:], strict=True))
+    assert len(output) == 4 and tokenizer.decode(output) == text
+
+
+def test_cache_salt_keeps_tenants_apart(client):
+    """vLLM cache_salt, SGLang test_cache_salt_effectiveness: a request hits the prefix cache of its own salt
+    (all but the last prompt token, up to a page) and never another salt's, nor the unsalted cache."""
+    messages = [{"role": "user", "content": "What is the capital of Japan? " * 8}]
+
+    def cached(salt: str | None) -> tuple[int, int]:
+        usage = client.chat.completions.create(model="demo", messages=messages, max_tokens=2, temperature=0,
+                                               extra_body={"cache_salt": salt} if salt else {}).usage
+        return usage.prompt_tokens_details.cached_tokens, usage.prompt_tokens
+
+    first, prompt = cached("tenant-a")
+    assert first == 0
+    again, _ = cached("tenant-a")
+    page = prompt - again
+    assert 1 <= page <= 64  # every whole page of the prompt but its last token
+    assert cached("tenant-b")[0] == 0
+    assert cached(None)[0] < again  # at most the chat template's head, which other unsalted requests share
+    assert cached("tenant-b")[0] == again and cached(None)[0] == again
+
+
+def test_every_streamed_delta_after_the_first_has_text(client):
+    """SGLang run_chat_completion_stream: after the role chunk every delta's content is a string (possibly
+    empty, on a chunk that carries only logprobs or the finish reason), never left out."""
+    chunks = list(client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=12, temperature=0,
+                                                 stream=True, logprobs=True, top_logprobs=2))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(isinstance(c.choices[0].delta.content, str) for c in chunks[1:])
+    assert chunks[-1].choices[0].finish_reason is not None

@@ -3,10 +3,15 @@ tests, with the real `openai` client."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import openai
 import pytest
 
 PROMPT = "The capital of France is"
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+          "additionalProperties": False}
 
 
 @pytest.mark.parametrize("token_input", [False, True])
@@ -77,3 +82,193 @@ def test_model_may_be_left_out(http):
     assert done.status_code == 200 and done.json()["model"] == "demo"
     refused = http.post("/v1/completions", json={"model": None, "prompt": PROMPT, "max_tokens": 3})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "model"
+
+
+@pytest.mark.parametrize("include_usage, continuous", [(True, True), (True, False), (False, True), (None, None)])
+def test_continuous_usage_stats(client, include_usage, continuous):
+    """vLLM test_completion_stream_options, SGLang test_continuous_usage_stats: with include_usage and
+    continuous_usage_stats every chunk carries its choice's usage so far (prompt + completion = total),
+    then the last chunk the whole; continuous_usage_stats without include_usage adds nothing (vLLM)."""
+    options = {"include_usage": include_usage, "continuous_usage_stats": continuous}
+    chunks = list(client.completions.create(model="demo", prompt=PROMPT, max_tokens=5, temperature=0, stream=True,
+                                            stream_options=options, extra_body={"ignore_eos": True}))
+    texts = [c for c in chunks if c.choices]
+    if include_usage and continuous:
+        counts = [c.usage.completion_tokens for c in texts]  # a token may wait for the next one's bytes
+        assert counts[0] >= 1 and counts == sorted(set(counts)) and counts[-1] == 5
+        assert all(c.usage.prompt_tokens > 0 and c.usage.total_tokens == c.usage.prompt_tokens
+                   + c.usage.completion_tokens for c in texts)
+    else:
+        assert all(c.usage is None for c in texts)
+    if include_usage:
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
+    else:
+        assert len(texts) == len(chunks)
+
+
+@pytest.mark.parametrize("n_logprobs", [0, 1, 5])
+def test_logprobs_hold_the_sampled_token(client, n_logprobs):
+    """vLLM test_zero_logprobs / test_some_logprobs: each position's top_logprobs holds the sampled token
+    (its logprob is token_logprobs') and the N best, so N or N + 1 keys (1 for logprobs=0), never fewer:
+    tokens that decode to one text do not overwrite each other."""
+    for sampling in ({"temperature": 0}, {"temperature": 2.0, "seed": 5}):
+        done = client.completions.create(model="demo", prompt=[0, 0, 0, 0, 0], max_tokens=12, logprobs=n_logprobs,
+                                         extra_body={"ignore_eos": True}, **sampling)
+        lp = done.choices[0].logprobs
+        for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+            assert top[token] == logprob
+            assert len(top) in (max(n_logprobs, 1), n_logprobs + 1)
+            if sampling["temperature"] == 0:  # the greedy token is the best one
+                assert len(top) == max(n_logprobs, 1) and logprob == max(top.values())
+        if sampling["temperature"] > 0 and n_logprobs > 0:  # a hot draw from a random model leaves the top N
+            assert any(len(top) == n_logprobs + 1 for top in lp.top_logprobs)
+
+
+@pytest.mark.parametrize("prompt_logprobs", [0, 2, None])
+def test_prompt_logprobs(client, tokenizer, prompt_logprobs):
+    """vLLM test_prompt_logprobs_completion: each choice carries prompt_logprobs (null when not asked for):
+    null for the first prompt token, then the token itself (keyed by id, with its decoded text) and the N
+    best; the same numbers echo + logprobs gives."""
+    prompts = ["A robot may not injure another robot", "My name is"]
+    extra = {} if prompt_logprobs is None else {"prompt_logprobs": prompt_logprobs}
+    done = client.completions.create(model="demo", prompt=prompts, max_tokens=2, extra_body=extra)
+    if prompt_logprobs is None:
+        assert all(c.prompt_logprobs is None for c in done.choices)
+        return
+    for choice, prompt in zip(done.choices, prompts, strict=True):
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        positions = choice.prompt_logprobs
+        assert len(positions) == len(ids) and positions[0] is None
+        for token_id, position in zip(ids[1:], positions[1:], strict=True):
+            assert position[str(token_id)]["decoded_token"] == tokenizer.decode([token_id])
+            assert len(position) in (max(prompt_logprobs, 1), prompt_logprobs + 1)
+            ranked = sorted((p for p in position.values() if p["rank"] is not None), key=lambda p: p["rank"])
+            assert [p["rank"] for p in ranked] == list(range(1, prompt_logprobs + 1))
+        echo = client.completions.create(model="demo", prompt=prompt, max_tokens=1, echo=True, logprobs=1)
+        assert echo.choices[0].logprobs.token_logprobs[1:len(ids)] == pytest.approx(
+            [position[str(t)]["logprob"] for t, position in zip(ids[1:], positions[1:], strict=True)], abs=1e-5)
+
+
+def test_prompt_logprobs_below_zero_is_400(client):
+    """vLLM: prompt_logprobs -1 (its "the whole vocabulary") is a 400 here, as any count outside 0..20."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model="demo", prompt=PROMPT, max_tokens=2, extra_body={"prompt_logprobs": -1})
+    assert caught.value.body["param"] == "prompt_logprobs"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_return_token_ids(client, tokenizer, stream):
+    """vLLM return_token_ids (test_prompt_logprobs_temperature_increases_argmax_prob_completion reads them):
+    each choice has the prompt's ids and the output's, the latter decoding to the text."""
+    ids = tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    args = dict(model="demo", prompt=PROMPT, max_tokens=6, temperature=0, extra_body={"return_token_ids": True,
+                                                                                    "ignore_eos": True})
+    if stream:
+        chunks = list(client.completions.create(stream=True, **args))
+        prompt_ids = [c.choices[0].prompt_token_ids for c in chunks if getattr(c.choices[0], "prompt_token_ids", None)]
+        assert prompt_ids == [ids]
+        output = [t for c in chunks for t in c.choices[0].token_ids]
+        text = "".join(c.choices[0].text for c in chunks)
+    else:
+        choice = client.completions.create(**args).choices[0]
+        assert choice.prompt_token_ids == ids
+        output, text = choice.token_ids, choice.text
+    assert len(output) == 6 and tokenizer.decode(output) == text
+
+
+def test_logit_bias(client, http):
+    """OpenAI logit_bias (vLLM and SGLang serve it): +100 makes one token the only choice, -100 bans the greedy
+    one, logprobs stay the model's; an id outside the vocabulary is a 400 naming logit_bias."""
+    args = dict(model="demo", prompt=PROMPT, max_tokens=3, temperature=0, logprobs=0,
+                extra_body={"return_token_ids": True, "ignore_eos": True})
+    vocab = http.get("/get_server_info").json()["vocab_size"]
+    free = client.completions.create(**args).choices[0]
+    forced = client.completions.create(**args, logit_bias={str(vocab - 3): 100}).choices[0]
+    assert forced.token_ids == [vocab - 3] * 3
+    assert forced.logprobs.token_logprobs[0] < free.logprobs.token_logprobs[0]  # not the biased logits'
+    banned = client.completions.create(**args, logit_bias={str(free.token_ids[0]): -100}).choices[0]
+    assert banned.token_ids[0] != free.token_ids[0]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(**args, logit_bias={str(vocab): 1})
+    assert caught.value.body["param"] == "logit_bias" and str(vocab) in caught.value.body["message"]
+
+
+CITIES = ["Paris", "Lyon", "Saint-Étienne", 'say "hi"']
+
+
+def one_of_cities(text: str) -> bool:
+    return text in CITIES
+
+
+def code(text: str) -> bool:
+    return re.fullmatch("[0-9]{3}-[a-z]{2}", text) is not None
+
+
+def yes_or_no(text: str) -> bool:
+    return text in ("yes", "no")
+
+
+@pytest.mark.parametrize("extra, matches", [
+    ({"structured_outputs": {"choice": CITIES}}, one_of_cities), ({"guided_choice": CITIES}, one_of_cities),
+    ({"structured_outputs": {"regex": "[0-9]{3}-[a-z]{2}"}}, code), ({"guided_regex": "[0-9]{3}-[a-z]{2}"}, code),
+    ({"structured_outputs": {"grammar": 'root ::= "yes" | "no"'}}, yes_or_no),
+    ({"guided_grammar": 'root ::= "yes" | "no"'}, yes_or_no),
+])
+def test_vllm_structured_outputs(client, extra, matches):
+    """vLLM structured_outputs (choice, regex, grammar) and their older guided_* spellings: every sampled
+    output matches."""
+    done = client.completions.create(model="demo", prompt=PROMPT, max_tokens=30, n=4, temperature=1.0, seed=1,
+                                     extra_body=extra)
+    assert all(matches(choice.text) for choice in done.choices)
+
+
+@pytest.mark.parametrize("extra", [{"structured_outputs": {"json": SCHEMA}}, {"guided_json": SCHEMA},
+                                   {"guided_json": json.dumps(SCHEMA)}])
+def test_vllm_json_schema(client, extra):
+    """vLLM structured_outputs.json / guided_json (an object or its text): the output validates."""
+    done = client.completions.create(model="demo", prompt=PROMPT, max_tokens=80, temperature=1.0, seed=2,
+                                     extra_body=extra)
+    answer = json.loads(done.choices[0].text)
+    assert set(answer) == {"city"} and isinstance(answer["city"], str)
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"structured_outputs": {"json": {"type": "object", "properties": {"a": {"type": 12}}}}}, "structured_outputs"),
+    ({"structured_outputs": {"regex": "[.*"}}, "structured_outputs"),
+    ({"structured_outputs": {"grammar": "root ::= select_statementinvalidsyntax"}}, "structured_outputs"),
+    ({"guided_regex": "[.*"}, "guided_regex"),
+    ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
+    ({"structured_outputs": {"choice": []}}, "structured_outputs"),
+])
+def test_vllm_invalid_structured_outputs_are_400(client, extra, param):
+    """vLLM test_invalid_json_schema / _regex / _grammar: a grammar that cannot be followed, or two at once, is
+    a 400 naming the field."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model="demo", prompt=PROMPT, max_tokens=5, extra_body=extra)
+    assert caught.value.body["param"] == param
+
+
+def test_matched_stop(http):
+    """SGLang test_finish_length / test_finish_stop_str (chat and completions): each choice says what ended it,
+    `matched_stop` null on "length", the stop string or the stop token id on "stop"."""
+    base = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    free = http.post("/v1/completions", json=base | {"return_token_ids": True}).json()["choices"][0]
+    assert (free["finish_reason"], free["matched_stop"]) == ("length", None)
+    stop = free["text"][3:5]
+    by_text = http.post("/v1/completions", json=base | {"stop": [stop]}).json()["choices"][0]
+    assert (by_text["finish_reason"], by_text["matched_stop"]) == ("stop", stop)
+    token = free["token_ids"][2]
+    by_token = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": PROMPT}],
+                                                       "max_tokens": 5, "stop_token_ids": [token], "temperature": 0,
+                                                       "logit_bias": {str(token): 100}}).json()["choices"][0]
+    assert (by_token["finish_reason"], by_token["matched_stop"]) == ("stop", token)
+
+
+def test_echo_logprobs_and_prompt_logprobs_keep_their_own_counts(client):
+    """echo's logprobs=N and prompt_logprobs=M share one computation, yet each lists its own count of the
+    best tokens (N and M, plus the token itself when it is not among them)."""
+    done = client.completions.create(model="demo", prompt=PROMPT, max_tokens=1, echo=True, logprobs=3,
+                                     extra_body={"prompt_logprobs": 1})
+    choice = done.choices[0]
+    assert all(len(position) <= 2 for position in choice.prompt_logprobs[1:])
+    assert all(3 <= len(top) <= 4 for top in choice.logprobs.top_logprobs[1:])

@@ -84,6 +84,15 @@ def test_regex_constrains_the_output(http):
     assert re.fullmatch("[0-9]{3}-[a-z]{2}", out["text"]) and out["meta_info"]["finish_reason"]["type"] == "stop"
 
 
+def test_json_schema_constrains_the_output(http):
+    """SGLang's sampling_params.json_schema (a schema as text): the output parses and follows the schema."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}}, "required": ["name"],
+              "additionalProperties": False}
+    out = generate(http, text="Once upon a time", sampling_params={"max_new_tokens": 60, "json_schema": json.dumps(
+        schema), "temperature": 1.0, "sampling_seed": 3})
+    assert set(json.loads(out["text"])) == {"name"} and out["meta_info"]["finish_reason"]["type"] == "stop"
+
+
 def test_matched_stop_string(http):
     """SGLang test_finish_stop_str: a stop string ends the text before it; finish_reason is
     {"type": "stop", "matched": <that string>}."""
@@ -108,7 +117,9 @@ def test_matched_stop_token(http):
 @pytest.mark.parametrize("body, status, says", [
     ({"text": "a", "input_ids": [1]}, 400, "exactly one of text or input_ids"),
     ({"sampling_params": {"max_new_tokens": 2}}, 400, "exactly one of text or input_ids"),
-    ({"text": "a", "sampling_params": {"json_schema": "{}"}}, 400, "sampling_params.json_schema"),
+    ({"text": "a", "sampling_params": {"no_stop_trim": True}}, 400, "sampling_params.no_stop_trim"),
+    ({"text": "a", "sampling_params": {"json_schema": "{\"type\": 7}"}}, 400, "sampling_params.json_schema"),
+    ({"text": "a", "sampling_params": {"max_new_tokens": 10 ** 6}}, 400, "sampling_params.max_new_tokens"),
     ({"text": "a", "sampling_params": {"temperature": -1}}, 400, "sampling_params.temperature"),
     ({"text": "a", "sampling_params": {"max_new_tokens": 2, "min_new_tokens": 3}}, 400,
      "sampling_params.min_new_tokens"),

@@ -89,3 +89,12 @@ def test_max_total_tokens_sizes_the_kv_pool():
     assert parse_args(["--demo", "--max-total-tokens", "1000", "--page-size", "16"]).engine.num_pages == 63
     with pytest.raises(SystemExit):
         parse_args(["--demo", "--max-total-tokens", "1000", "--num-pages", "10"])
+
+
+def test_grammar_backend_spellings():
+    """SGLang's --grammar-backend and vLLM's --structured-outputs-config.backend: xgrammar (what serves
+    structured outputs here) is accepted, another backend stops the server with a usage error."""
+    for flag in ("--grammar-backend", "--structured-outputs-config.backend"):
+        assert parse_args(["--demo", flag, "xgrammar"]).engine.model == "demo"
+        with pytest.raises(SystemExit):
+            parse_args(["--demo", flag, "outlines"])

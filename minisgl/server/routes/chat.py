@@ -19,21 +19,24 @@ from pydantic import BaseModel, Field, StringConstraints, model_validator
 from minisgl.core import Constraint
 from minisgl.server.boundary import GenerateRequest
 from minisgl.server.errors import ApiError
-from minisgl.server.generation import Choice, generation_responses, outputs, respond, usage
-from minisgl.server.parsers.output import OutputParser, ToolUse
+from minisgl.server.generation import Choice, generation_responses, outputs, respond, usage, usage_so_far
+from minisgl.server.parsers.output import ChoiceDelta, OutputParser, ToolUse
 from minisgl.server.parsers.reasoning import ReasoningParser
 from minisgl.server.parsers.tools import ToolCall, forced_schema
 from minisgl.server.protocol import (
     MAX_LOGPROBS,
     ChatLogprobs,
     Envelope,
+    PromptLogprobs,
     SamplingFields,
     StrictRequest,
     Text,
     Usage,
+    VllmExtras,
     chat_logprobs,
     integer,
     new_id,
+    vllm_prompt_logprobs,
 )
 from minisgl.server.state import ServerState, server_state
 from minisgl.server.text import Conversation
@@ -133,7 +136,28 @@ class NamedToolChoice(StrictRequest):
     function: FunctionChoice
 
 
-class ChatCompletionRequest(SamplingFields):
+class TemplateOptions(StrictRequest):
+    """How the conversation is put through the chat template (vLLM's and SGLang's extensions; chat and
+    /tokenize)."""
+
+    add_generation_prompt: bool | None = Field(
+        None, description="open the assistant's turn after the messages; left out: true, unless "
+                          "continue_final_message")
+    continue_final_message: bool = Field(
+        False, description="leave the last message open (no end-of-turn) so that the model goes on with it "
+                           "(prefill an assistant answer)")
+
+    def template_options(self) -> dict[str, bool]:
+        """The Conversation's options; both set true is a 400, as in vLLM (they contradict each other)."""
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ApiError(400, "Cannot set both continue_final_message and add_generation_prompt to true: one opens "
+                                "a new assistant turn, the other continues the last message",
+                           param="continue_final_message")
+        add = self.add_generation_prompt if self.add_generation_prompt is not None else not self.continue_final_message
+        return {"add_generation_prompt": add, "continue_final_message": self.continue_final_message}
+
+
+class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: integer(ge=1) | None = None
     max_completion_tokens: integer(ge=1) | None = Field(None, description="wins over max_tokens")
@@ -152,7 +176,7 @@ class ChatCompletionRequest(SamplingFields):
         by_completion = self.max_completion_tokens is not None
         values = self.shared_sampling() | {
             "max_tokens": self.max_completion_tokens if by_completion else self.max_tokens,
-            "logprobs": (self.top_logprobs or 0) if self.logprobs else None}
+            "logprobs": (self.top_logprobs or 0) if self.logprobs else None, "prompt_logprobs": self.prompt_logprobs}
         renamed = {"logprobs": "top_logprobs"} | ({"max_tokens": "max_completion_tokens"} if by_completion else {})
         return values, renamed
 
@@ -186,7 +210,7 @@ class ChatCompletionRequest(SamplingFields):
         return ToolUse(mode[0], mode[1], parser, self.parallel_tool_calls)
 
     def constraints(self) -> list[tuple[str, Constraint]]:
-        asked = super().constraints()
+        asked = super().constraints() + self.vllm_constraints()
         mode = self.tool_mode()
         if mode is not None and mode[0] != "auto":
             functions = {t.function.name: t.function.parameters or {"type": "object"} for t in self.tools}
@@ -197,7 +221,7 @@ class ChatCompletionRequest(SamplingFields):
     def conversation(self, tool_use: ToolUse | None) -> Conversation:
         tools = [tool.model_dump(exclude_none=True) for tool in self.tools] if self.tools else None
         return Conversation([m.template_form() for m in self.messages], tools, tools_needed=tool_use is not None,
-                            template_kwargs=self.chat_template_kwargs or {})
+                            template_kwargs=self.chat_template_kwargs or {}, **self.template_options())
 
     def output_parser(self, tool_use: ToolUse | None, reasoning: str | None, prompt_text: str | None) -> OutputParser:
         """A choice's parser. Under a grammar the output is what the grammar says from its first token on,
@@ -232,11 +256,18 @@ class ChatResponseMessage(BaseModel):
     tool_calls: list[ResponseToolCall] | None = Field(None, exclude_if=lambda v: v is None)
 
 
+def _unset(value: Any) -> bool:
+    return value is None
+
+
 class ChatChoice(BaseModel):
     index: int
     message: ChatResponseMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    token_ids: list[int] | None = Field(None, exclude_if=_unset, description="the output's ids (return_token_ids)")
+    matched_stop: str | int | None = Field(None, description="SGLang's: the stop string or stop/EOS token id that "
+                                                             "ended a 'stop' choice")
 
 
 class ChatCompletionResponse(Envelope):
@@ -244,6 +275,8 @@ class ChatCompletionResponse(Envelope):
     object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobs | None = Field(None, description="vLLM's prompt_logprobs (when asked for)")
+    prompt_token_ids: list[int] | None = Field(None, exclude_if=_unset, description="return_token_ids")
 
 
 class DeltaToolCall(ResponseToolCall):
@@ -266,6 +299,7 @@ class ChatChunkChoice(BaseModel):
     delta: DeltaMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    token_ids: list[int] | None = Field(None, exclude_if=_unset, description="the new ids (return_token_ids)")
 
 
 class ChatCompletionChunk(Envelope):
@@ -273,6 +307,8 @@ class ChatCompletionChunk(Envelope):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    prompt_logprobs: PromptLogprobs | None = Field(None, exclude_if=_unset, description="with a choice's first tokens")
+    prompt_token_ids: list[int] | None = Field(None, exclude_if=_unset, description="with the first chunk")
 
 
 # ---------------------------------------------------------------- route
@@ -298,11 +334,26 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
                 reasoning_content=delta.reasoning or None,
                 tool_calls=[ResponseToolCall.of(call) for call in delta.calls] or None)
             answers.append(ChatChoice(index=c.index, message=message, finish_reason=finish_reason(c.finish, parsed),
-                                      logprobs=chat_logprobs(c.logprobs) if c.logprobs else None))
-        return ChatCompletionResponse(model=model, usage=usage, choices=answers)
+                                      logprobs=chat_logprobs(c.logprobs) if c.logprobs else None,
+                                      token_ids=c.token_ids if body.return_token_ids else None,
+                                      matched_stop=c.matched_stop))
+        return ChatCompletionResponse(model=model, usage=usage, choices=answers, **prompt_extras(body, choices[0]))
 
     return await respond(request, state, body, body.conversation(tool_use), 1, whole,
                          lambda gen, choices: chunks(state, body, gen, choices, model, parser))
+
+
+def prompt_extras(body: ChatCompletionRequest, choice: Choice) -> dict:
+    """vLLM's prompt_logprobs (null unless asked for) and, with return_token_ids, the prompt's ids."""
+    return {"prompt_logprobs": vllm_prompt_logprobs(choice.prompt_logprobs or [])
+            if body.prompt_logprobs is not None else None,
+            "prompt_token_ids": choice.prompt_ids if body.return_token_ids else None}
+
+
+def content_or_nothing(delta: ChoiceDelta, calls: list | None) -> str | None:
+    """A delta with neither text, reasoning nor calls (a token still held back, the last chunk) has content
+    "", as OpenAI's and SGLang's do: clients read delta.content as a string on every chunk after the first."""
+    return None if delta.reasoning or calls else ""
 
 
 def finish_reason(finish: str | None, parser: OutputParser) -> str | None:
@@ -313,22 +364,32 @@ async def chunks(state: ServerState, body: ChatCompletionRequest, gen: GenerateR
                  model: str, parser: Callable[[Choice], OutputParser]) -> AsyncIterator[ChatCompletionChunk]:
     chunk_id = ChatCompletionChunk(model=model, choices=[]).id
     parsers = {c.index: parser(c) for c in choices}
+    continuous = body.continuous_usage
     for c in choices:
-        yield ChatCompletionChunk(id=chunk_id, model=model, choices=[
-            ChatChunkChoice(index=c.index, delta=DeltaMessage(role="assistant", content=""))])
+        yield ChatCompletionChunk(id=chunk_id, model=model, usage=usage_so_far(c) if continuous else None, choices=[
+            ChatChunkChoice(index=c.index, delta=DeltaMessage(role="assistant", content=""))],
+            prompt_token_ids=c.prompt_ids if body.return_token_ids else None)
+    scored: set[int] = set()  # choices whose prompt logprobs went out
     async for choice, out in outputs(state, choices):
         parser = parsers[choice.index]
         made = parser.calls
         delta = parser.feed(out.text)
         if out.finish_reason:
             delta += parser.finish(out.finish_reason)
-        if delta.content or delta.reasoning or delta.calls or out.finish_reason or out.logprobs:
+        prompt_logprobs = None
+        if body.prompt_logprobs is not None and choice.index not in scored:
+            scored.add(choice.index)
+            prompt_logprobs = vllm_prompt_logprobs(choice.prompt_logprobs or [])
+        if (delta.content or delta.reasoning or delta.calls or out.finish_reason or out.logprobs or prompt_logprobs
+                or (body.return_token_ids and out.new_ids)):
             calls = [DeltaToolCall(index=made + i, function=ResponseFunction(name=call.name, arguments=call.arguments))
                      for i, call in enumerate(delta.calls)] or None
             yield ChatCompletionChunk(id=chunk_id, model=model, choices=[ChatChunkChoice(
-                index=choice.index, delta=DeltaMessage(content=delta.content or None,
+                index=choice.index, delta=DeltaMessage(content=delta.content or content_or_nothing(delta, calls),
                                                        reasoning_content=delta.reasoning or None, tool_calls=calls),
                 logprobs=chat_logprobs(out.logprobs) if out.logprobs else None,
-                finish_reason=finish_reason(out.finish_reason, parser))])
+                finish_reason=finish_reason(out.finish_reason, parser),
+                token_ids=out.new_ids if body.return_token_ids else None)],
+                usage=usage_so_far(choice) if continuous else None, prompt_logprobs=prompt_logprobs)
     if body.include_usage:
         yield ChatCompletionChunk(id=chunk_id, model=model, choices=[], usage=usage(choices, gen.prompts))

@@ -13,20 +13,24 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
+from minisgl.core import Constraint
 from minisgl.server.boundary import GenerateRequest
-from minisgl.server.generation import Choice, generation_responses, outputs, respond, usage
+from minisgl.server.generation import Choice, generation_responses, outputs, respond, usage, usage_so_far
 from minisgl.server.protocol import (
     MAX_LOGPROBS,
     CompletionLogprobs,
     Envelope,
     LogprobEntry,
     NonEmptyText,
+    PromptLogprobs,
     SamplingFields,
     TokenId,
     Usage,
+    VllmExtras,
     completion_logprobs,
     integer,
     new_id,
+    vllm_prompt_logprobs,
 )
 from minisgl.server.state import ServerState, server_state
 from minisgl.server.text import TextCodec
@@ -36,10 +40,13 @@ router = APIRouter()
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
 
-class CompletionRequest(SamplingFields):
+class CompletionRequest(SamplingFields, VllmExtras):
     prompt: NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)] | TokenIds | \
         Annotated[list[TokenIds], Field(min_length=1)]
-    max_tokens: integer(ge=1) | None = 16  # OpenAI's default for /v1/completions
+    DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+    max_tokens: integer(ge=1) | None = Field(None, description="left out or null: 16 (OpenAI's default), lowered to "
+                                             "what the context leaves; more than it leaves is a 400")
     logprobs: integer(ge=0, le=MAX_LOGPROBS) | None = None
     echo: bool = Field(False, description="the prompt before the output (with logprobs: the prompt's too)")
 
@@ -49,9 +56,13 @@ class CompletionRequest(SamplingFields):
         return [p] if isinstance(p, str) or isinstance(p[0], int) else p
 
     def sampling(self) -> tuple[dict[str, Any], dict[str, str]]:
-        prompt_logprobs = self.logprobs if self.echo else None
+        asked = [n for n in (self.logprobs if self.echo else None, self.prompt_logprobs) if n is not None]
+        prompt_logprobs = max(asked, default=None)
         return self.shared_sampling() | {"max_tokens": self.max_tokens, "logprobs": self.logprobs,
                                          "prompt_logprobs": prompt_logprobs}, {"prompt_logprobs": "logprobs"}
+
+    def constraints(self) -> list[tuple[str, Constraint]]:
+        return super().constraints() + self.vllm_constraints()
 
     def wants_prompt_text(self) -> bool:
         return self.echo
@@ -63,7 +74,12 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     token_ids: list[int] | None = Field(None, exclude_if=lambda v: v is None,
-                                        description="the output's token ids; only with --skip-tokenizer-init")
+                                        description="the output's token ids (return_token_ids, --skip-tokenizer-init)")
+    prompt_token_ids: list[int] | None = Field(None, exclude_if=lambda v: v is None,
+                                               description="the prompt's token ids (return_token_ids)")
+    prompt_logprobs: PromptLogprobs | None = Field(None, description="vLLM's prompt_logprobs (when asked for)")
+    matched_stop: str | int | None = Field(None, description="SGLang's: the stop string or stop/EOS token id that "
+                                                             "ended a 'stop' choice")
 
 
 class CompletionResponse(Envelope):
@@ -92,12 +108,27 @@ async def completions(body: CompletionRequest, request: Request,
         for c in choices:
             text, entries, ids = echoed(c, body, state.codec)
             answers.append(CompletionChoice(
-                index=c.index, text=text + c.text, finish_reason=c.finish, token_ids=ids + c.token_ids if ids_only
-                else None, logprobs=completion_logprobs(entries + c.logprobs) if body.logprobs is not None else None))
+                index=c.index, text=text + c.text, finish_reason=c.finish, matched_stop=c.matched_stop,
+                **token_ids(c, body, ids_only, ids, True),
+                logprobs=completion_logprobs(entries + c.logprobs) if body.logprobs is not None else None))
         return CompletionResponse(model=model, usage=usage, choices=answers)
 
     return await respond(request, state, body, batch, len(batch), whole,
                          lambda gen, choices: chunks(state, body, gen, choices, model, ids_only))
+
+
+def token_ids(c: Choice, body: CompletionRequest, ids_only: bool, echoed_ids: list[int], first: bool,
+              new_ids: list[int] | None = None) -> dict:
+    """A choice's (or chunk's) token ids and prompt logprobs: the prompt's with the whole answer or a first
+    chunk; the output's (all so far, or `new_ids`) with return_token_ids, or without a tokenizer."""
+    output = c.token_ids if new_ids is None else new_ids
+    fields: dict = {"token_ids": echoed_ids + output if ids_only else output if body.return_token_ids else None}
+    if first and body.return_token_ids:
+        fields["prompt_token_ids"] = c.prompt_ids
+    if first and body.prompt_logprobs is not None:
+        n = body.prompt_logprobs  # echo's logprobs may have asked the engine for more
+        fields["prompt_logprobs"] = vllm_prompt_logprobs([e._replace(top=e.top[:n]) for e in c.prompt_logprobs or []])
+    return fields
 
 
 def echoed(c: Choice, body: CompletionRequest, codec: TextCodec) -> tuple[str, list[LogprobEntry], list[int]]:
@@ -105,7 +136,9 @@ def echoed(c: Choice, body: CompletionRequest, codec: TextCodec) -> tuple[str, l
     the first token's logprob null), its token ids."""
     if not body.echo:
         return "", [], []
-    entries = [(codec.token_text(c.prompt_ids[0]), None, None), *c.prompt_logprobs] if c.prompt_logprobs else []
+    first = LogprobEntry(codec.token_text(c.prompt_ids[0]), c.prompt_ids[0], None, [])
+    scored = [e._replace(top=e.top[:body.logprobs]) for e in c.prompt_logprobs or []]  # prompt_logprobs may ask more
+    entries = [first, *scored] if c.prompt_logprobs and body.logprobs is not None else []
     return c.prompt_text or "", entries, c.prompt_ids
 
 
@@ -114,13 +147,17 @@ async def chunks(state: ServerState, body: CompletionRequest, gen: GenerateReque
     chunk_id = CompletionChunk(model=model, choices=[]).id
     started: set[int] = set()  # choices whose first chunk (which carries the echo) went out
     async for choice, out in outputs(state, choices):
-        text, entries, ids = echoed(choice, body, state.codec) if choice.index not in started else ("", [], [])
+        first = choice.index not in started
+        text, entries, ids = echoed(choice, body, state.codec) if first else ("", [], [])
         started.add(choice.index)
-        if text or out.text or out.finish_reason or out.logprobs or entries or (ids_only and out.new_ids):
+        ids_asked = ids_only or body.return_token_ids
+        if text or out.text or out.finish_reason or out.logprobs or entries or (ids_asked and out.new_ids) or (
+                first and body.prompt_logprobs is not None):
             offset = (len(choice.prompt_text or "") if body.echo else 0) + len(choice.text) - len(out.text) - len(text)
             yield CompletionChunk(id=chunk_id, model=model, choices=[CompletionChoice(
                 index=choice.index, text=text + out.text, finish_reason=out.finish_reason,
                 logprobs=completion_logprobs(entries + out.logprobs, offset) if entries or out.logprobs else None,
-                token_ids=ids + out.new_ids if ids_only else None)])
+                **token_ids(choice, body, ids_only, ids, first, out.new_ids))],
+                usage=usage_so_far(choice) if body.continuous_usage else None)
     if body.include_usage:
         yield CompletionChunk(id=chunk_id, model=model, choices=[], usage=usage(choices, gen.prompts))

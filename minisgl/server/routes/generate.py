@@ -22,9 +22,19 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
+from minisgl.core import Constraint
 from minisgl.server.boundary import GenerateRequest
 from minisgl.server.generation import Choice, generation_responses, outputs, respond
-from minisgl.server.protocol import SERVED_MODEL_MARK, NonEmptyText, SamplingFields, StrictRequest, Text, Usage, integer
+from minisgl.server.protocol import (
+    SERVED_MODEL_MARK,
+    NonEmptyText,
+    SamplingFields,
+    StrictRequest,
+    Text,
+    Usage,
+    integer,
+    json_schema_constraint,
+)
 from minisgl.server.routes.completions import TokenIds
 from minisgl.server.state import ServerState, server_state
 
@@ -42,9 +52,8 @@ SGLANG_NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens", 
 
 class NativeSamplingParams(SamplingFields):
     """SGLang's `sampling_params`: the sampling fields every front shares, under SGLang's names for the
-    lengths and the seed; `regex` and `ebnf` constrain the output as on the OpenAI fronts. Unknown names are
-    refused (SGLang's own constructor refuses them too), so SGLang's `json_schema` gets a 400, never silently
-    unconstrained text."""
+    lengths and the seed; `regex`, `ebnf` and `json_schema` constrain the output as on the OpenAI fronts.
+    Unknown names are refused (SGLang's own constructor refuses them too), never silently ignored."""
 
     model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
@@ -53,10 +62,14 @@ class NativeSamplingParams(SamplingFields):
     stream: SkipJsonSchema[bool] = False
     stream_options: SkipJsonSchema[None] = None
     user: SkipJsonSchema[None] = None
-    max_new_tokens: integer(ge=1) = SGLANG_DEFAULT_MAX_NEW_TOKENS
+    DEFAULT_MAX_TOKENS = SGLANG_DEFAULT_MAX_NEW_TOKENS
+
+    max_new_tokens: integer(ge=1) | None = Field(None, description=f"left out: {SGLANG_DEFAULT_MAX_NEW_TOKENS} "
+                                                 "(SGLang's default), lowered to what the context leaves")
     min_tokens: integer(ge=0) | None = Field(None, validation_alias="min_new_tokens",
                                              description="at most max_new_tokens")
     seed: integer() | None = Field(None, validation_alias="sampling_seed")
+    json_schema: Text | None = Field(None, description="SGLang's: the output matches this JSON schema (as text)")
 
     @model_validator(mode="before")
     @classmethod
@@ -66,6 +79,12 @@ class NativeSamplingParams(SamplingFields):
             if misplaced:
                 raise ValueError(f"{misplaced[0]} is not a sampling parameter; give it at the request's top level")
         return data
+
+    def constraints(self) -> list[tuple[str, Constraint]]:
+        asked = super().constraints()
+        if self.json_schema is not None:
+            asked.append(("sampling_params.json_schema", json_schema_constraint(self.json_schema)))
+        return asked
 
     def sampling(self) -> tuple[dict[str, Any], dict[str, str]]:
         values = self.shared_sampling() | {"max_tokens": self.max_new_tokens, "logprobs": None}

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Discriminator, Field, Tag, model_validator
 from minisgl.core import check_token_ids
 from minisgl.server.errors import ApiError, error_responses
 from minisgl.server.protocol import StrictRequest, Text, TokenId
-from minisgl.server.routes.chat import ChatMessage
+from minisgl.server.routes.chat import ChatMessage, TemplateOptions
 from minisgl.server.state import ServerState, server_state
 from minisgl.server.text import Conversation
 
@@ -25,7 +25,7 @@ class TokenizeText(StrictRequest):
     prompt: Text
 
 
-class TokenizeChat(StrictRequest):
+class TokenizeChat(TemplateOptions):
     """A conversation: its token ids after the chat template, as /v1/chat/completions would see them."""
 
     messages: list[ChatMessage] = Field(min_length=1)
@@ -71,7 +71,7 @@ async def tokenize(body: TokenizeRequest, state: ServerState = Depends(server_st
     if isinstance(body, TokenizeText):
         count, ids = await state.codec.encode(body.prompt, limits.max_seq_len)
     else:
-        conversation = Conversation([m.template_form() for m in body.messages])
+        conversation = Conversation([m.template_form() for m in body.messages], **body.template_options())
         count, ids, _ = await state.codec.encode_chat(conversation, limits.max_seq_len)
     if count > limits.max_seq_len:
         raise ApiError(400, f"the text has {count} tokens, more than this model's context of {limits.max_seq_len}",
