@@ -6,6 +6,7 @@
 #   e.g. qwen3-0.6b:w2  qwen3-8b:w1  qwen3-30b-a3b:w2:--tp=2  qwen3-0.6b:w2:--no-overlap,--cuda-graph-max-bs=0
 #   WORKLOAD "structured" runs benchmarks/structured.py (W1 with and without a JSON schema) instead.
 #
+# READY_MODEL=NAME also starts a server on .bench_models/NAME.json (dummy weights) and logs its time to ready.
 # TESTS=subset (default: the fast-path subset, under 4 minutes on one H200) | all | none.
 # Carry .bench_models (a copy of ../shared/models) for benchmarks and .whl (prepare-wheels.sh, plus xgrammar,
 # apache-tvm-ffi and jsonschema for structured outputs) for the
@@ -22,7 +23,7 @@ gpus=$(nvidia-smi -L | wc -l)
 
 subset="tests/gpu tests/test_triton_attention.py tests/test_fused_moe.py tests/test_fused_ops.py tests/test_overlap.py
         tests/test_engine_vs_hf.py tests/test_sampling_e2e.py tests/test_scheduler.py tests/test_structured.py
-        tests/test_prompt_logprobs.py"
+        tests/test_prompt_logprobs.py tests/test_sampler.py tests/test_prefix_cache.py"
 case ${TESTS:-subset} in
   subset) tests=$(for f in $subset; do [ -e "$f" ] && echo "$f"; done) ;;
   all) tests=tests ;;
@@ -46,6 +47,15 @@ if python3 -c "import fastapi, uvicorn, zmq" 2>/dev/null; then
   kill -TERM %1; wait %1; echo "server exit code: $?" >> "$out/server.log"
 fi
 
+# READY_MODEL=qwen3-8b: time to ready of a server with that config's dummy weights (the Kubernetes figure)
+if [ -n "${READY_MODEL:-}" ]; then
+  dir=$(mktemp -d) && cp ".bench_models/$READY_MODEL.json" "$dir/config.json"
+  python3 -m minisgl --model "$dir" --dummy-weight --skip-tokenizer-init --port 1920 > "$out/ready.log" 2>&1 &
+  for _ in $(seq 1 600); do curl -sf localhost:1920/health > /dev/null && break; sleep 0.2; done
+  kill -TERM %1; wait %1
+  grep -a "engine built\|warm-up\|ready in" "$out/ready.log" | sed "s/^/$READY_MODEL: /" > "$out/ready.txt"
+fi
+
 for spec in "$@"; do
   IFS=: read -r model workload flags <<< "$spec"
   if [ "$workload" = structured ]; then
@@ -59,7 +69,7 @@ for spec in "$@"; do
 done
 
 echo "== summary"
-cat "$out/gpu.txt" "$out/tests.txt" 2>/dev/null
+cat "$out/gpu.txt" "$out/tests.txt" "$out/ready.txt" 2>/dev/null
 grep -a "engine built\|warm-up\|ready in\|exit code" "$out/server.log" 2>/dev/null | cut -c1-200
 tail -c 300 "$out/stream.txt" 2>/dev/null; echo
 python3 benchmarks/summary.py "$out/bench.jsonl" 2>/dev/null
