@@ -63,6 +63,8 @@ class LLM:
             self._tp = self._followers.tp = init_tp_group(0, tp_size, device_, port, self._followers.check)
             self.engine = Engine(args, self._tp, device_)
             self.scheduler = Scheduler(self.engine, self._tp)
+            if self.engine.device.type == "cuda":  # kernels compile now, not in the first generate
+                self.scheduler.warm_up()
         except BaseException:
             self._followers.stop()
             leave_tp_group()

@@ -24,12 +24,16 @@ from collections import deque
 from dataclasses import dataclass
 
 from minisgl.constrained import Grammars
-from minisgl.core import Batch, Req, ReqStatus, TokenLogprob
+from minisgl.core import Batch, Req, ReqStatus, SamplingParams, TokenLogprob
 from minisgl.distributed import TPGroup
 from minisgl.engine.engine import Engine, LaunchedStep, PromptScores, StepResult
 from minisgl.kvcache import KVCacheManager, make_prefix_cache
 
 logger = logging.getLogger(__name__)
+
+
+# Prompt lengths of the warm-up: one per fused-MoE config row and attention variant a prefill may pick.
+WARM_UP_LENGTHS = (4, 24, 48, 96, 192, 384, 768, 1536)
 
 
 @dataclass
@@ -121,6 +125,22 @@ class Scheduler:
         req = self.reqs.get(rid)
         if req is not None:
             self._finish(req, "abort")
+
+    def warm_up(self) -> None:
+        """Before the first user request: one short request per prefill size class, one after another, on a
+        GPU (Triton compiles a kernel variant, such as a fused-MoE tile config, the first time a size needs it:
+        that belongs to start-up, not to somebody's request); one tiny request elsewhere. Nothing stays behind:
+        the prefix cache is emptied and the counters start from zero."""
+        room = min(self.max_prefill_tokens, self.engine.max_seq_len - 2, self.engine.num_pages * self.kv.page_size // 4)
+        lengths = [n for n in WARM_UP_LENGTHS if n <= room] if self.engine.device.type == "cuda" else [4]
+        params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+        for i, n in enumerate(lengths):
+            self.tick([AddReq(Req(-1 - i, [t % self.engine.config.vocab_size for t in range(n)], params, seed=0))])
+            while self.has_work:
+                self.tick([])
+        self.finished.clear()
+        self.kv.allocator.free(self.kv.cache.reset())
+        self.num_retracted = self.cache_hit_tokens = self.prompt_tokens_admitted = 0
 
     def tick(self, messages: list | None) -> None:
         """One lockstep iteration, identical on every rank: agree on the messages, then step if there

@@ -7,9 +7,8 @@ import time
 
 import zmq
 
-from minisgl.core import Req, SamplingParams
 from minisgl.engine.config import EngineArgs
-from minisgl.scheduler import AddReq, Scheduler
+from minisgl.scheduler import Scheduler
 from minisgl.scheduler.follower import build_scheduler, follow
 from minisgl.server.ipc import IpcPaths, Ready, ReqOutput, StatsReply, StatsRequest, become_child, inbox, outbox
 
@@ -48,7 +47,7 @@ class SchedulerServer:
 
     def run(self) -> None:
         start = time.perf_counter()
-        self.warm_up()
+        self.scheduler.warm_up()
         logger.info("warm-up %.1f s", time.perf_counter() - start)
         engine = self.scheduler.engine
         self.to_api.send_pyobj(Ready("scheduler", {
@@ -63,14 +62,6 @@ class SchedulerServer:
             self.report()
             for ask in asks:
                 self.to_api.send_pyobj(StatsReply(ask.ask_id, self.stats()))
-
-    def warm_up(self) -> None:
-        """One tiny generation through every layer, so the first user request pays no start-up cost."""
-        params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
-        self.scheduler.tick([AddReq(Req(-1, [0, 1, 2, 3], params, seed=0))])
-        while self.scheduler.has_work:
-            self.scheduler.tick([])
-        self.scheduler.finished.clear()
 
     def receive(self, block: bool) -> list:
         if block and not self.inbox.poll(GRAMMAR_POLL_MS if self.scheduler.compiling else IDLE_POLL_MS):
