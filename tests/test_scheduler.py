@@ -119,3 +119,18 @@ def test_finished_requests_release_their_sampler_rows(tiny_models):
     assert llm.engine.sampler.needs_random  # a running sampled request does need it
     llm.scheduler.sync_and_apply([AbortReq(200)])
     assert not llm.engine.sampler.needs_random
+
+
+def test_warm_up_leaves_no_trace(tiny_models):
+    """The GPU warm-up's prefills of every size class (run here on the CPU) leave the cache empty, every page
+    free, the counters at zero, and the engine answering exactly as an engine that never warmed up."""
+    prompts = random_prompts([5, 40, 130], 400, seed=4)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    with make_llm(tiny_models["qwen3_moe"], num_pages=8192, max_prefill_tokens=1024) as cold:
+        want = cold.generate(prompts, params)
+    with make_llm(tiny_models["qwen3_moe"], num_pages=8192, max_prefill_tokens=1024) as warm:
+        warm.scheduler.warm_up((4, 24, 96, 384, 768, 1536))  # 1536 exceeds the prefill budget: left out
+        stats = warm.stats()
+        assert stats["cached_pages"] == 0 and stats["free_pages"] == stats["total_pages"]
+        assert stats["prompt_tokens_admitted"] == stats["cache_hit_tokens"] == stats["num_retracted"] == 0
+        assert [o.token_ids for o in warm.generate(prompts, params)] == [o.token_ids for o in want]

@@ -126,13 +126,15 @@ class Scheduler:
         if req is not None:
             self._finish(req, "abort")
 
-    def warm_up(self) -> None:
+    def warm_up(self, lengths: tuple[int, ...] | None = None) -> None:
         """Before the first user request: one short request per prefill size class, one after another, on a
         GPU (Triton compiles a kernel variant, such as a fused-MoE tile config, the first time a size needs it:
         that belongs to start-up, not to somebody's request); one tiny request elsewhere. Nothing stays behind:
-        the prefix cache is emptied and the counters start from zero."""
+        the prefix cache is emptied and the counters start from zero. `lengths` overrides the choice (tests)."""
         room = min(self.max_prefill_tokens, self.engine.max_seq_len - 2, self.engine.num_pages * self.kv.page_size // 4)
-        lengths = [n for n in WARM_UP_LENGTHS if n <= room] if self.engine.device.type == "cuda" else [4]
+        if lengths is None:
+            lengths = WARM_UP_LENGTHS if self.engine.device.type == "cuda" else (4,)
+        lengths = [n for n in lengths if n <= room]
         params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
         for i, n in enumerate(lengths):
             self.tick([AddReq(Req(-1 - i, [t % self.engine.config.vocab_size for t in range(n)], params, seed=0))])
