@@ -48,6 +48,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    prompt_logprobs_temperature: float = 1.0  # the prompt's logprobs from logits / this (vLLM's)
     constraint: Constraint | None = None
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit before anything else
 
@@ -82,6 +83,8 @@ class SamplingParams:
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             check(value is None or (whole(name) and 0 <= value <= 20), name, "None or an integer in [0, 20]")
+        check(finite("prompt_logprobs_temperature") and self.prompt_logprobs_temperature > 0,
+              "prompt_logprobs_temperature", "a number > 0")
         check(self.constraint is None or isinstance(self.constraint, Constraint), "constraint",
               "None or a Constraint")
         check(self.logit_bias is None or (isinstance(self.logit_bias, dict) and len(self.logit_bias) <= MAX_LOGIT_BIAS

@@ -111,6 +111,9 @@ def vllm_output_probes() -> dict:
     return {
         "prompt_logprobs": lambda f: prompt_logprobs(f.ok()) is None
         and len(prompt_logprobs(f.ok(prompt_logprobs=1))) == f.usage()[0],
+        "prompt_logprobs_temperature": lambda f: prompt_logprobs(f.ok(
+            prompt_logprobs=0, prompt_logprobs_temperature=0.2)) != prompt_logprobs(f.ok(prompt_logprobs=0))
+        and f.refused("prompt_logprobs_temperature", prompt_logprobs_temperature=0.2),
         "cache_salt": salt_probe,
         "structured_outputs": lambda f: f.text(structured_outputs={"choice": ["red", "blue"]}, **HOT)
         in ("red", "blue"),

@@ -232,7 +232,10 @@ class Engine:
             parts = []
             for at in range(0, count, PROMPT_SCORE_ROWS):
                 rows = slice(start + at, start + min(count, at + PROMPT_SCORE_ROWS))
-                logprobs = torch.log_softmax(self.model.compute_logits(hidden[rows]).float(), -1)
+                logits = self.model.compute_logits(hidden[rows]).float()
+                if req.params.prompt_logprobs_temperature != 1:
+                    logits = logits / req.params.prompt_logprobs_temperature
+                logprobs = torch.log_softmax(logits, -1)
                 top = logprobs.topk(req.params.prompt_logprobs, -1)
                 parts.append((logprobs.gather(-1, targets[at: at + PROMPT_SCORE_ROWS, None])[:, 0], top.indices,
                               top.values))

@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from minisgl.core import MAX_LOGIT_BIAS, Constraint
+from minisgl.server.errors import ApiError
 from minisgl.server.ipc import LogprobEntry
 
 MAX_N = 16
@@ -236,9 +237,19 @@ class VllmExtras(StrictRequest):
     prompt_logprobs: integer(ge=0, le=MAX_LOGPROBS) | None = Field(
         None, description="vLLM's: every prompt token's logprob and the N best (the first token: null), keyed by "
                           "token id")
+    prompt_logprobs_temperature: float | None = Field(
+        None, gt=0, description="vLLM's: the prompt's logprobs (prompt_logprobs, echo's) from logits divided by this")
     return_token_ids: bool = Field(False, description="vLLM's: the prompt's and the output's token ids")
     cache_salt: NonEmptyText | None = Field(None, description="vLLM's: the request shares cached prompt prefixes "
                                             "only with requests of the same salt (tenants apart)")
+
+    def prompt_scoring(self, asked: int | None) -> dict[str, Any]:
+        """The engine's prompt-logprob settings: `asked` best tokens per position (None: no scoring), at the
+        temperature asked for, which without scoring would change nothing: a 400 then."""
+        if self.prompt_logprobs_temperature is not None and asked is None:
+            raise ApiError(400, "prompt_logprobs_temperature needs prompt_logprobs (or echo with logprobs)",
+                           param="prompt_logprobs_temperature")
+        return {"prompt_logprobs": asked, "prompt_logprobs_temperature": self.prompt_logprobs_temperature or 1.0}
 
     def vllm_constraints(self) -> list[tuple[str, Constraint]]:
         """The grammars vLLM's fields ask for, each with the field that asks."""

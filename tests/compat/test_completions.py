@@ -4,6 +4,7 @@ tests, with the real `openai` client."""
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import openai
@@ -147,6 +148,25 @@ def test_prompt_logprobs(client, tokenizer, prompt_logprobs):
         echo = client.completions.create(model="demo", prompt=prompt, max_tokens=1, echo=True, logprobs=1)
         assert echo.choices[0].logprobs.token_logprobs[1:len(ids)] == pytest.approx(
             [position[str(t)]["logprob"] for t, position in zip(ids[1:], positions[1:], strict=True)], abs=1e-5)
+
+
+def test_prompt_logprobs_temperature(client):
+    """vLLM test_prompt_logprobs_temperature_increases_argmax_prob: the prompt's logprobs come from logits
+    divided by prompt_logprobs_temperature, so the greedy continuation, scored as the prompt's last token, is
+    likelier at 0.1 than at 1 than at 5; without prompt_logprobs the setting is a 400 naming it."""
+    seed = [5, 5, 5, 5, 5]
+    greedy = client.completions.create(model="demo", prompt=seed, max_tokens=1, temperature=0,
+                                       extra_body={"return_token_ids": True}).choices[0].token_ids
+    def last_prob(temperature: float) -> float:
+        done = client.completions.create(model="demo", prompt=seed + greedy, max_tokens=1, temperature=0, extra_body={
+            "prompt_logprobs": 0, "prompt_logprobs_temperature": temperature})
+        [entry] = done.choices[0].prompt_logprobs[-1].values()
+        return math.exp(entry["logprob"])
+    assert last_prob(0.1) > last_prob(1.0) > last_prob(5.0)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model="demo", prompt=seed, max_tokens=1,
+                                  extra_body={"prompt_logprobs_temperature": 0.5})
+    assert caught.value.body["param"] == "prompt_logprobs_temperature"
 
 
 def test_prompt_logprobs_below_zero_is_400(client):

@@ -176,7 +176,7 @@ class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras):
         by_completion = self.max_completion_tokens is not None
         values = self.shared_sampling() | {
             "max_tokens": self.max_completion_tokens if by_completion else self.max_tokens,
-            "logprobs": (self.top_logprobs or 0) if self.logprobs else None, "prompt_logprobs": self.prompt_logprobs}
+            "logprobs": (self.top_logprobs or 0) if self.logprobs else None} | self.prompt_scoring(self.prompt_logprobs)
         renamed = {"logprobs": "top_logprobs"} | ({"max_tokens": "max_completion_tokens"} if by_completion else {})
         return values, renamed
 

@@ -58,8 +58,8 @@ class CompletionRequest(SamplingFields, VllmExtras):
     def sampling(self) -> tuple[dict[str, Any], dict[str, str]]:
         asked = [n for n in (self.logprobs if self.echo else None, self.prompt_logprobs) if n is not None]
         prompt_logprobs = max(asked, default=None)
-        return self.shared_sampling() | {"max_tokens": self.max_tokens, "logprobs": self.logprobs,
-                                         "prompt_logprobs": prompt_logprobs}, {"prompt_logprobs": "logprobs"}
+        return self.shared_sampling() | {"max_tokens": self.max_tokens, "logprobs": self.logprobs} | \
+            self.prompt_scoring(prompt_logprobs), {"prompt_logprobs": "logprobs"}
 
     def constraints(self) -> list[tuple[str, Constraint]]:
         return super().constraints() + self.vllm_constraints()
