@@ -21,6 +21,8 @@ class Constraint:
 
 
 MAX_LOGIT_BIAS = 300  # entries per request, as OpenAI allows
+# Temperatures below this sample greedily, as vLLM's do: dividing float32 logits by them overflows to inf/NaN.
+GREEDY_TEMPERATURE = 1e-5
 
 
 @dataclass
@@ -98,7 +100,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     @property
     def has_penalties(self) -> bool:

@@ -46,6 +46,15 @@ def test_top_k_1_equals_greedy(llm):
     assert [o.token_ids for o in top1] == [o.token_ids for o in greedy]
 
 
+def test_a_temperature_too_small_for_float32_is_greedy(llm):
+    """Found by schemathesis: 1e-38 divided the logits into inf and NaN, and the race drew token 0; below
+    GREEDY_TEMPERATURE (vLLM's epsilon) a request samples greedily."""
+    prompts = random_prompts([3, 40, 11], VOCAB, seed=13)
+    greedy = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    tiny = llm.generate(prompts, SamplingParams(temperature=1.2e-38, max_tokens=20, ignore_eos=True, seed=3))
+    assert [o.token_ids for o in tiny] == [o.token_ids for o in greedy]
+
+
 def test_stop_token_ids_end_with_stop(llm, qwen3):
     prompt = random_prompts([30], VOCAB, seed=13)[0]
     ref = hf_greedy(qwen3, [prompt], 32)[0]

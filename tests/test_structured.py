@@ -142,7 +142,7 @@ def test_constrained_and_free_requests_share_batches_with_overlap(llm):
 
 
 @pytest.mark.parametrize("extreme", [{"repetition_penalty": 5e-324}, {"repetition_penalty": 9.7e307},
-                                     {"temperature": 1.7e308}, {"top_p": 2.2e-309}])
+                                     {"temperature": 1.7e308}, {"temperature": 1.2e-38}, {"top_p": 2.2e-309}])
 def test_extreme_settings_leave_the_grammar_a_token(llm, extreme):
     """Found by schemathesis: settings that are 0 or inf in float32 turned logits into NaN or left every allowed
     token out; the sampler drew a token the grammar refused."""

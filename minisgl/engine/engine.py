@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from minisgl.attention import ForwardInput, make_backend
-from minisgl.core import Batch
+from minisgl.core import GREEDY_TEMPERATURE, Batch
 from minisgl.distributed import TPGroup
 from minisgl.engine.config import EngineArgs
 from minisgl.engine.cuda_graph import DecodeGraphs
@@ -233,8 +233,8 @@ class Engine:
             for at in range(0, count, PROMPT_SCORE_ROWS):
                 rows = slice(start + at, start + min(count, at + PROMPT_SCORE_ROWS))
                 logits = self.model.compute_logits(hidden[rows]).float()
-                if req.params.prompt_logprobs_temperature != 1:
-                    logits = logits / req.params.prompt_logprobs_temperature
+                if req.params.prompt_logprobs_temperature != 1:  # floored as sampling's: smaller ones overflow
+                    logits = logits / max(req.params.prompt_logprobs_temperature, GREEDY_TEMPERATURE)
                 logprobs = torch.log_softmax(logits, -1)
                 top = logprobs.topk(req.params.prompt_logprobs, -1)
                 parts.append((logprobs.gather(-1, targets[at: at + PROMPT_SCORE_ROWS, None])[:, 0], top.indices,

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from minisgl.constrained import apply_bitmask
-from minisgl.core import MAX_LOGIT_BIAS, SamplingParams
+from minisgl.core import GREEDY_TEMPERATURE, MAX_LOGIT_BIAS, SamplingParams
 from minisgl.kernels import use_triton
 
 _M32 = 0xFFFFFFFF
@@ -95,7 +95,8 @@ class Sampler:
         top_k = vocab if p.top_k == -1 else min(p.top_k, vocab)
         min_tokens = p.min_tokens if min_tokens_banned else 0  # 0 keeps a stale ban row inert
         repetition = min(max(p.repetition_penalty, 1 / REPETITION_LIMIT), REPETITION_LIMIT)
-        self.floats[row] = torch.tensor([min(p.temperature, TEMPERATURE_LIMIT), max(p.top_p, TOP_P_FLOOR), p.min_p,
+        temperature = 0.0 if p.temperature < GREEDY_TEMPERATURE else min(p.temperature, TEMPERATURE_LIMIT)
+        self.floats[row] = torch.tensor([temperature, max(p.top_p, TOP_P_FLOOR), p.min_p,
                                          p.presence_penalty, p.frequency_penalty, repetition])
         self.ints[row] = torch.tensor([top_k, min_tokens, seed & _M32, (seed >> 32) & _M32])
         self.generated[row] = len(output_ids)
