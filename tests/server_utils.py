@@ -9,6 +9,7 @@ import sys
 import time
 
 import httpx
+import openai
 from conftest import DEVICE
 
 from minisgl.distributed import free_port
@@ -45,6 +46,10 @@ class Server:
         self.log.flush()
         self.log.seek(0)
         return self.log.read()
+
+    def openai_client(self, api_key: str = "unused") -> openai.OpenAI:
+        """The real openai client against this server, without its retries (a test sees the first answer)."""
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0)
 
     def info(self) -> dict:
         return httpx.get(f"{self.url}/get_server_info", headers=self.headers, timeout=10).json()

@@ -70,7 +70,7 @@ def server(path):
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    return server.openai_client()
 
 
 PROMPT = "The scheduler decides which requests run next"

@@ -74,7 +74,7 @@ def server(tiny_models, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    return server.openai_client()
 
 
 ASK = [{"role": "user", "content": "What is 2 + 2?"}]

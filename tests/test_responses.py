@@ -26,7 +26,7 @@ def server(tiny_models):
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    return server.openai_client()
 
 
 def test_a_response_is_the_chat_completion_of_the_same_conversation(client):
@@ -105,7 +105,7 @@ def test_thinking_becomes_a_reasoning_item(tiny_models, tmp_path):
     srv = Server(with_chat_template(tiny_models["qwen3"], tmp_path / "thinking", template),
                  "--reasoning-parser", "qwen3")
     try:
-        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
+        client = srv.openai_client()
         kwargs = dict(model="tiny", input=ASK, max_output_tokens=8, temperature=0)
         whole = client.responses.create(**kwargs)
         reasoning, message = whole.output

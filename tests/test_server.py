@@ -33,7 +33,7 @@ def server(model):
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    return server.openai_client()
 
 
 @pytest.fixture(scope="module")
@@ -241,10 +241,10 @@ def test_tokenize_detokenize_and_models(server, tokenizer):
 def test_api_key_is_enforced(model):
     srv = Server(model, "--api-key", "sekret")
     try:
-        bad = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="wrong", max_retries=0)
+        bad = srv.openai_client("wrong")
         with pytest.raises(openai.AuthenticationError):
             bad.models.list()
-        good = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="sekret", max_retries=0)
+        good = srv.openai_client("sekret")
         assert good.models.list().data[0].id == "tiny"
         assert httpx.get(f"{srv.url}/health").status_code == 200  # probes need no key
     finally:

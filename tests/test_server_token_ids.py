@@ -38,7 +38,7 @@ def server(model):
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    return server.openai_client()
 
 
 def test_token_ids_in_token_ids_out_as_offline(client, model):

@@ -202,7 +202,7 @@ def server(tiny_models):
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    return server.openai_client()
 
 
 CHAT = [{"role": "user", "content": "Describe a person as JSON."}]

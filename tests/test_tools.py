@@ -41,7 +41,7 @@ def server(model):
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    return server.openai_client()
 
 
 def streamed(chunks) -> tuple[list[str], list[list], list[str]]:
@@ -166,7 +166,7 @@ def test_a_server_without_parser_or_tool_template_says_so(tiny_models):
 def test_llama3_parser_finds_json_calls(model):
     srv = Server(model, "--tool-call-parser", "llama3")
     try:
-        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
+        client = srv.openai_client()
         regex = '\\{"name": "get_time", "parameters": \\{"zone": "(UTC|CET)"\\}\\}'
         resp = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, max_tokens=60,
                                               extra_body={"regex": regex})

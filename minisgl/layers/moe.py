@@ -72,8 +72,6 @@ class SparseMoE(nn.Module):
             check_shape(param, loaded.narrow(1, self.tp.rank * n, n), param.data[expert])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and fused_experts is not None:
-            weights, ids = route_fused(self.gate(x), self.top_k, self.renormalize)
-            return self.tp.all_reduce(fused_experts(x, self.w13, self.w2, weights, ids))
-        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
-        return self.tp.all_reduce(experts_torch(x, self.w13, self.w2, weights, ids))
+        fused = x.is_cuda and fused_experts is not None
+        weights, ids = (route_fused if fused else route)(self.gate(x), self.top_k, self.renormalize)
+        return self.tp.all_reduce((fused_experts if fused else experts_torch)(x, self.w13, self.w2, weights, ids))

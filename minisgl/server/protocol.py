@@ -266,6 +266,11 @@ class VllmExtras(StrictRequest):
 # ---------------------------------------------------------------- responses
 
 
+def omitted(value: Any) -> bool:
+    """`exclude_if` for response fields that appear only when they hold something (extensions of a peer)."""
+    return value is None
+
+
 def unix_now() -> int:
     return int(time.time())
 

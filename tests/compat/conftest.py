@@ -18,7 +18,7 @@ def demo():
 
 @pytest.fixture(scope="session")
 def client(demo) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{demo.url}/v1", api_key="unused", max_retries=0)
+    return demo.openai_client()
 
 
 @pytest.fixture(scope="session")

@@ -36,6 +36,7 @@ from minisgl.server.protocol import (
     chat_logprobs,
     integer,
     new_id,
+    omitted,
     vllm_prompt_logprobs,
 )
 from minisgl.server.state import ServerState, server_state
@@ -251,13 +252,9 @@ class ResponseToolCall(BaseModel):
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
-    reasoning_content: str | None = Field(None, exclude_if=lambda v: v is None,
+    reasoning_content: str | None = Field(None, exclude_if=omitted,
                                           description="the model's thinking (with --reasoning-parser)")
-    tool_calls: list[ResponseToolCall] | None = Field(None, exclude_if=lambda v: v is None)
-
-
-def _unset(value: Any) -> bool:
-    return value is None
+    tool_calls: list[ResponseToolCall] | None = Field(None, exclude_if=omitted)
 
 
 class ChatChoice(BaseModel):
@@ -265,7 +262,7 @@ class ChatChoice(BaseModel):
     message: ChatResponseMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
-    token_ids: list[int] | None = Field(None, exclude_if=_unset, description="the output's ids (return_token_ids)")
+    token_ids: list[int] | None = Field(None, exclude_if=omitted, description="the output's ids (return_token_ids)")
     matched_stop: str | int | None = Field(None, description="SGLang's: the stop string or stop/EOS token id that "
                                                              "ended a 'stop' choice")
 
@@ -276,7 +273,7 @@ class ChatCompletionResponse(Envelope):
     choices: list[ChatChoice]
     usage: Usage
     prompt_logprobs: PromptLogprobs | None = Field(None, description="vLLM's prompt_logprobs (when asked for)")
-    prompt_token_ids: list[int] | None = Field(None, exclude_if=_unset, description="return_token_ids")
+    prompt_token_ids: list[int] | None = Field(None, exclude_if=omitted, description="return_token_ids")
 
 
 class DeltaToolCall(ResponseToolCall):
@@ -288,10 +285,10 @@ class DeltaToolCall(ResponseToolCall):
 class DeltaMessage(BaseModel):
     """A delta carries only what changed: the first chunk the role, later ones the new text or calls."""
 
-    role: Literal["assistant"] | None = Field(None, exclude_if=lambda v: v is None)
-    content: str | None = Field(None, exclude_if=lambda v: v is None)
-    reasoning_content: str | None = Field(None, exclude_if=lambda v: v is None)
-    tool_calls: list[DeltaToolCall] | None = Field(None, exclude_if=lambda v: v is None)
+    role: Literal["assistant"] | None = Field(None, exclude_if=omitted)
+    content: str | None = Field(None, exclude_if=omitted)
+    reasoning_content: str | None = Field(None, exclude_if=omitted)
+    tool_calls: list[DeltaToolCall] | None = Field(None, exclude_if=omitted)
 
 
 class ChatChunkChoice(BaseModel):
@@ -299,7 +296,7 @@ class ChatChunkChoice(BaseModel):
     delta: DeltaMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
-    token_ids: list[int] | None = Field(None, exclude_if=_unset, description="the new ids (return_token_ids)")
+    token_ids: list[int] | None = Field(None, exclude_if=omitted, description="the new ids (return_token_ids)")
 
 
 class ChatCompletionChunk(Envelope):
@@ -307,8 +304,8 @@ class ChatCompletionChunk(Envelope):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
-    prompt_logprobs: PromptLogprobs | None = Field(None, exclude_if=_unset, description="with a choice's first tokens")
-    prompt_token_ids: list[int] | None = Field(None, exclude_if=_unset, description="with the first chunk")
+    prompt_logprobs: PromptLogprobs | None = Field(None, exclude_if=omitted, description="with a choice's first tokens")
+    prompt_token_ids: list[int] | None = Field(None, exclude_if=omitted, description="with the first chunk")
 
 
 # ---------------------------------------------------------------- route

@@ -30,6 +30,7 @@ from minisgl.server.protocol import (
     completion_logprobs,
     integer,
     new_id,
+    omitted,
     vllm_prompt_logprobs,
 )
 from minisgl.server.state import ServerState, server_state
@@ -73,9 +74,9 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
-    token_ids: list[int] | None = Field(None, exclude_if=lambda v: v is None,
+    token_ids: list[int] | None = Field(None, exclude_if=omitted,
                                         description="the output's token ids (return_token_ids, --skip-tokenizer-init)")
-    prompt_token_ids: list[int] | None = Field(None, exclude_if=lambda v: v is None,
+    prompt_token_ids: list[int] | None = Field(None, exclude_if=omitted,
                                                description="the prompt's token ids (return_token_ids)")
     prompt_logprobs: PromptLogprobs | None = Field(None, description="vLLM's prompt_logprobs (when asked for)")
     matched_stop: str | int | None = Field(None, description="SGLang's: the stop string or stop/EOS token id that "

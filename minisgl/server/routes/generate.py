@@ -34,6 +34,7 @@ from minisgl.server.protocol import (
     Usage,
     integer,
     json_schema_constraint,
+    omitted,
 )
 from minisgl.server.routes.completions import TokenIds
 from minisgl.server.state import ServerState, server_state
@@ -124,17 +125,13 @@ class GenerateBody(StrictRequest):
 # ---------------------------------------------------------------- response
 
 
-def _unset(value: Any) -> bool:
-    return value is None
-
-
 class FinishReason(BaseModel):
     """SGLang's shape: `matched` is the stop string or stop/EOS token id that ended a "stop", `length`
     the completion length of a "length"."""
 
     type: Literal["stop", "length", "abort"]
-    matched: str | int | None = Field(None, exclude_if=_unset)
-    length: int | None = Field(None, exclude_if=_unset)
+    matched: str | int | None = Field(None, exclude_if=omitted)
+    length: int | None = Field(None, exclude_if=omitted)
 
 
 class MetaInfo(BaseModel):
