@@ -134,3 +134,16 @@ def test_warm_up_leaves_no_trace(tiny_models):
         assert stats["cached_pages"] == 0 and stats["free_pages"] == stats["total_pages"]
         assert stats["prompt_tokens_admitted"] == stats["cache_hit_tokens"] == stats["num_retracted"] == 0
         assert [o.token_ids for o in warm.generate(prompts, params)] == [o.token_ids for o in want]
+
+
+def test_warm_up_empties_every_ranks_cache(tiny_models):
+    """With TP=2 the followers' prefix caches are emptied too: a prompt that starts like the warm-up's would
+    otherwise hit on rank 1 and not on rank 0, and the ranks would run different batches."""
+    prompt = [list(range(30))]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    with make_llm(tiny_models["qwen3"], tp_size=2) as tp2:
+        tp2.scheduler.warm_up((4, 24))
+        got = tp2.generate(prompt, params)
+    with make_llm(tiny_models["qwen3"]) as tp1:
+        assert [o.token_ids for o in got] == [o.token_ids for o in tp1.generate(prompt, params)]
+    assert got[0].cached_tokens == 0

@@ -52,6 +52,12 @@ class Shutdown:
 
 
 @dataclass
+class FlushCache:
+    """Empty the prefix cache on every rank (nothing may be running): ranks whose caches differed would match
+    different prefixes and fall out of step."""
+
+
+@dataclass
 class GrammarReady:
     """Rank 0 to every rank: this request's grammar compilation has ended; admit it (or fail it)."""
 
@@ -95,6 +101,8 @@ class Scheduler:
                 self._grammar_ready(msg.rid)
             elif isinstance(msg, AbortReq):
                 self.abort(msg.rid)
+            elif isinstance(msg, FlushCache):
+                self.kv.allocator.free(self.kv.cache.reset())
             elif isinstance(msg, Shutdown):
                 self.shutdown = True
 
@@ -130,7 +138,8 @@ class Scheduler:
         """Before the first user request: one short request per prefill size class, one after another, on a
         GPU (Triton compiles a kernel variant, such as a fused-MoE tile config, the first time a size needs it:
         that belongs to start-up, not to somebody's request); one tiny request elsewhere. Nothing stays behind:
-        the prefix cache is emptied and the counters start from zero. `lengths` overrides the choice (tests)."""
+        every rank's prefix cache is emptied and the counters start from zero. `lengths` overrides the choice
+        (tests)."""
         room = min(self.max_prefill_tokens, self.engine.max_seq_len - 2, self.engine.num_pages * self.kv.page_size // 4)
         if lengths is None:
             lengths = WARM_UP_LENGTHS if self.engine.device.type == "cuda" else (4,)
@@ -140,8 +149,8 @@ class Scheduler:
             self.tick([AddReq(Req(-1 - i, [t % self.engine.config.vocab_size for t in range(n)], params, seed=0))])
             while self.has_work:
                 self.tick([])
+        self.tick([FlushCache()])
         self.finished.clear()
-        self.kv.allocator.free(self.kv.cache.reset())
         self.num_retracted = self.cache_hit_tokens = self.prompt_tokens_admitted = 0
 
     def tick(self, messages: list | None) -> None:
