@@ -36,8 +36,10 @@ def alive(pid: int) -> bool:
 
 
 def test_sigterm_drains_in_flight_requests_then_exits_0(model):
-    srv = Server(model, "--shutdown-timeout", "120")  # ample for the 1000 tokens on a busy CPU
-    body = {"model": "tiny", "prompt": "Keep talking", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    srv = Server(model, "--shutdown-timeout", "120")  # ample for the 2000 tokens on a busy CPU
+    # nearly the whole 2048-token context: seconds of decoding even on a fast CPU, so the request is still
+    # running when the checks below reach the draining server (1000 tokens once finished before them)
+    body = {"model": "tiny", "prompt": "Keep talking", "max_tokens": 2000, "ignore_eos": True, "stream": True}
     result: dict = {}
     streaming = threading.Event()
 
@@ -54,8 +56,10 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(model):
     thread.start()
     assert streaming.wait(timeout=30)  # the request is running: its first tokens came
     os.killpg(srv.proc.pid, signal.SIGTERM)  # the whole group, as a Ctrl-C or `timeout` does: children ignore it
-    time.sleep(0.3)
-    assert httpx.get(f"{srv.url}/health").status_code == 503
+    deadline = time.monotonic() + 5
+    while httpx.get(f"{srv.url}/health").status_code != 503:  # the signal is handled on the event loop
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
     refused = httpx.post(f"{srv.url}/v1/completions", json={"model": "tiny", "prompt": "new", "max_tokens": 2})
     assert refused.status_code == 503 and refused.headers["retry-after"]
     thread.join(timeout=120)
