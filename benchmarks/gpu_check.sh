@@ -6,6 +6,7 @@
 #   e.g. qwen3-0.6b:w2  qwen3-8b:w1  qwen3-30b-a3b:w2:--tp=2  qwen3-0.6b:w2:--no-overlap,--cuda-graph-max-bs=0
 #   WORKLOAD "structured" runs benchmarks/structured.py (W1 with and without a JSON schema) instead.
 #
+# STACKS_AFTER=S dumps every process's Python stacks after S seconds (hangs).
 # READY_MODEL=NAME also starts a server on .bench_models/NAME.json (dummy weights) and logs its time to ready.
 # TESTS=subset (default: the fast-path subset, under 4 minutes on one H200) | all | none.
 # Carry .bench_models (a copy of ../shared/models) for benchmarks and .whl (prepare-wheels.sh, plus xgrammar,
@@ -18,6 +19,12 @@ if [ -d .whl ]; then
   export PYTHONPATH="$HOME/site:$PWD"
 fi
 out=${OUT:-/tmp/minisgl-gpu}; mkdir -p "$out"
+# STACKS_AFTER=S: every Python process started from here (TP followers included) prints all its threads'
+# stacks to stderr once it has run S seconds: where a hang (e.g. a CUDA-graph capture under TP) waits.
+if [ -n "${STACKS_AFTER:-}" ]; then
+  mkdir -p /tmp/stacks && printf 'import faulthandler\nfaulthandler.dump_traceback_later(%s)\n' "$STACKS_AFTER" \
+    > /tmp/stacks/sitecustomize.py && export PYTHONPATH="/tmp/stacks:$PYTHONPATH"
+fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 gpus=$(nvidia-smi -L | wc -l)
 
