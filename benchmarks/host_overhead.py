@@ -16,9 +16,10 @@ server's default) and times, per step, the parts of `Scheduler.step`:
 
 The model and the sampler's tensor work are excluded: on a GPU they are kernels on the device (the model is
 one CUDA-graph replay per step; the sampler launches a few dozen kernels, whose launch cost this does not
-measure; nor do the small tensor ops counted in the two preps, kernels there too). Figures are medians
-over the steps, in milliseconds; the machine's load moves them. Torch runs on one thread (`--threads`): on a
-small shared machine, OpenMP workers spinning after the model's ops slow the host's Python unpredictably.
+measure; nor do the small tensor ops counted in the two preps, kernels there too). Figures are the median
+and the fastest step, in milliseconds: the machine's load moves the medians, the fastest is the cost alone.
+Torch runs on one thread (`--threads`): on a small shared machine, OpenMP workers spinning after the model's
+ops slow the host's Python unpredictably.
 """
 
 from __future__ import annotations
@@ -80,8 +81,8 @@ def instrument(llm: LLM) -> dict[str, list[float]]:
     return times
 
 
-def measure(llm: LLM, times: dict[str, list[float]], steps: int) -> dict[str, float]:
-    """Median milliseconds per step of each part over `steps` decode steps, with the host's share derived."""
+def measure(llm: LLM, times: dict[str, list[float]], steps: int) -> dict[str, tuple[float, float]]:
+    """(median, fastest) milliseconds per step of each part over `steps` decode steps, the host's share derived."""
     for record in times.values():
         record.clear()
     for _ in range(steps):
@@ -95,7 +96,7 @@ def measure(llm: LLM, times: dict[str, list[float]], steps: int) -> dict[str, fl
             "host total": [t["step"] - t["model"] - t["sampler"] for t in per_step],
             "(model, excluded)": [t["model"] for t in per_step],
             "(sampler, excluded)": [t["sampler"] for t in per_step]}
-    return {name: statistics.median(values) * 1e3 for name, values in rows.items()}
+    return {name: (statistics.median(values) * 1e3, min(values) * 1e3) for name, values in rows.items()}
 
 
 def main() -> None:
@@ -121,9 +122,9 @@ def main() -> None:
             results[batch] = measure(llm, times, args.steps)
             llm.shutdown()
     names = list(next(iter(results.values())))
-    print("ms per decode step (median) | " + " | ".join(f"batch {b}" for b in results))
+    print("ms per decode step, median / fastest | " + " | ".join(f"batch {b:<9}" for b in results))
     for name in names:
-        print(f"{name:27} | " + " | ".join(f"{results[b][name]:8.3f}" for b in results))
+        print(f"{name:36} | " + " | ".join("{:6.3f} / {:6.3f}".format(*results[b][name]) for b in results))
 
 
 if __name__ == "__main__":

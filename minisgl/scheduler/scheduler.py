@@ -290,18 +290,22 @@ class Scheduler:
         return n
 
     def _decode_batch(self) -> Batch | None:
-        """Every running request advances by one token; out of pages, retract the newest."""
+        """Every running request advances by one token; out of pages, retract the newest (never one already
+        in the batch: those come before it)."""
+        reqs: list[Req] = []
         i = 0
         while i < len(self.running):
             req = self.running[i]
-            if self._awaits_last_token(req) or self.kv.reserve(req, 1):
+            if self._awaits_last_token(req):
+                i += 1
+            elif self.kv.reserve(req, 1):
+                reqs.append(req)
                 i += 1
             elif len(self.running) > 1:
                 self._retract(self.running[-1])
             else:  # even alone it does not fit: the pool is smaller than this sequence
                 logger.warning("request %d needs more KV pages than the pool has; finishing it", req.rid)
                 self._finish(req, "length")
-        reqs = [r for r in self.running if not self._awaits_last_token(r)]
         return self._batch(reqs, [1] * len(reqs)) if reqs else None
 
     def _batch(self, reqs: list[Req], lens: list[int]) -> Batch:
