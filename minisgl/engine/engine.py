@@ -227,7 +227,7 @@ class Engine:
             kv = batch.kv_lens
             if self.graphs is not None and len(kv) <= self.graphs.max_bs:
                 return ForwardedStep(batch, self.graphs.replay([r.row for r in batch.reqs], kv), [])
-            # Host tensors from lists name their dtype: inferring it costs as much as building them (0.05 ms / 256).
+            # Lists become host tensors of a named dtype: inferring it element by element doubles the cost.
             meta = torch.tensor([[r.row for r in batch.reqs], kv], dtype=torch.int64).to(self.device, non_blocking=True)
             logits = self._logits(self.decode_input(meta[0], meta[1], max(kv) + 1), self.decode_backend)
             return ForwardedStep(batch, logits, [])
