@@ -128,7 +128,7 @@ def idle(llm) -> bool:
 
 
 def test_constrained_and_free_requests_share_batches_with_overlap(llm):
-    """Free requests give the same tokens beside constrained ones (their steps stop overlapping, nothing else)."""
+    """Free requests give the same tokens beside constrained ones, with which they share overlapped steps."""
     prompts = random_prompts([5, 17, 9, 30, 12, 7], 500, seed=1)
     free = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     alone = llm.generate(prompts[:3], free)

@@ -1,7 +1,8 @@
 """Grammars for constrained decoding, on top of xgrammar.
 
 A request's mask for step N+1 depends on its token of step N, so the scheduler advances a request's
-matcher with every token it commits and asks for the batch's bitmask before it launches the next step.
+matcher with every token it commits and asks for the batch's bitmask before it samples the next step
+(with overlap scheduling, while the device runs that step's forward pass).
 
 Compilation (token masks for every grammar state, with the model's tokenizer) takes from milliseconds
 to seconds, so it never runs on the scheduling loop: `Grammars.start` hands it to a thread of this

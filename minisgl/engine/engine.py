@@ -1,10 +1,12 @@
 """The engine: weights, KV pool, page and token tables, attention backends and sampler on one device.
 
-It knows nothing of queues or requests' life cycles: the scheduler hands it a Batch, and `launch`
-enqueues one forward pass plus sampling on the device and returns at once. Every input token is read
+It knows nothing of queues or requests' life cycles: the scheduler hands it a Batch, `forward` enqueues
+its forward pass and `sample` its sampling on the device, and both return at once. Every input token is read
 on the device from the token table (`token_table[row, position]`), where admission writes the prompt
 and sampling writes each new token, so the next step can be enqueued before the host has seen this
 step's tokens (overlap scheduling). The host learns them through one device->host copy per step.
+A batch whose grammar masks need the tokens of the step before it is sampled only once the host has
+read those and filled the masks, while the device ran the forward pass.
 """
 
 from __future__ import annotations
@@ -73,6 +75,16 @@ class StepResult:
     top_ids: list[list[int]] | None
     top_logprobs: list[list[float]] | None
     prompt: list[PromptScores]
+
+
+@dataclass
+class ForwardedStep:
+    """A step whose forward pass is enqueued and whose sampling is not yet: the host may still fill grammar
+    masks (which need the previous step's tokens) while the device computes these logits."""
+
+    batch: Batch
+    logits: torch.Tensor  # [len(batch.reqs), V], at each request's last new token
+    prompt: list[tuple[int, int, list[torch.Tensor]]]  # (index, first, device tensors on their way to the host)
 
 
 class LaunchedStep:
@@ -181,7 +193,8 @@ class Engine:
     def extend_input(self, batch: Batch) -> ForwardInput:
         """Any mix of prefill chunks, prefix-cache extends and decodes, with one host->device copy."""
         lens, total = batch.extend_lens, sum(batch.extend_lens)
-        meta = torch.tensor([[r.row for r in batch.reqs], batch.kv_lens, lens]).to(self.device, non_blocking=True)
+        meta = torch.tensor([[r.row for r in batch.reqs], batch.kv_lens, lens], dtype=torch.int64)
+        meta = meta.to(self.device, non_blocking=True)
         rows, kv_lens, extend_lens = meta
         arange = torch.arange(total, device=self.device)
         owner = torch.repeat_interleave(torch.arange(len(lens), device=self.device), extend_lens, output_size=total)
@@ -208,17 +221,20 @@ class Engine:
         return self._logits(self.decode_input(rows, kv_lens, self.max_seq_len), self.decode_backend)
 
     @torch.inference_mode()
-    def forward(self, batch: Batch) -> tuple[torch.Tensor, list[tuple[int, int, list[torch.Tensor]]]]:
-        """Logits [B, vocab] at each request's last new token, and the scores of `batch.scored`."""
+    def forward(self, batch: Batch) -> ForwardedStep:
+        """Enqueue the forward pass: logits at each request's last new token, and the scores of `batch.scored`."""
         if batch.is_decode:
             kv = batch.kv_lens
             if self.graphs is not None and len(kv) <= self.graphs.max_bs:
-                return self.graphs.replay([r.row for r in batch.reqs], kv), []
-            meta = torch.tensor([[r.row for r in batch.reqs], kv]).to(self.device, non_blocking=True)
-            return self._logits(self.decode_input(meta[0], meta[1], max(kv) + 1), self.decode_backend), []
+                return ForwardedStep(batch, self.graphs.replay([r.row for r in batch.reqs], kv), [])
+            # Lists become host tensors of a named dtype: inferring it element by element doubles the cost.
+            meta = torch.tensor([[r.row for r in batch.reqs], kv], dtype=torch.int64).to(self.device, non_blocking=True)
+            logits = self._logits(self.decode_input(meta[0], meta[1], max(kv) + 1), self.decode_backend)
+            return ForwardedStep(batch, logits, [])
         inputs = self.extend_input(batch)
         hidden = self._hidden(inputs, self.prefill_backend)
-        return self.model.compute_logits(hidden[inputs.last_index]), self._score_prompts(batch, hidden)
+        return ForwardedStep(batch, self.model.compute_logits(hidden[inputs.last_index]),
+                             self._score_prompts(batch, hidden))
 
     def _score_prompts(self, batch: Batch, hidden: torch.Tensor) -> list[tuple[int, int, list[torch.Tensor]]]:
         """For each (request, first, count) of batch.scored: the log-probability of prompt tokens first+1 ..
@@ -243,25 +259,25 @@ class Engine:
         return scores
 
     @torch.inference_mode()
-    def launch(self, batch: Batch, bitmask: torch.Tensor | None = None) -> LaunchedStep:
-        """Enqueue the forward pass and sampling; sampled tokens go into the token table on the device
-        and into pinned host memory, which `LaunchedStep.result()` waits for. `bitmask` (host, one row
-        per sampled request) holds the tokens their grammars allow."""
-        logits, prompt = self.forward(batch)
-        picked = batch.sampled
+    def sample(self, step: ForwardedStep, bitmask: torch.Tensor | None = None) -> LaunchedStep:
+        """Enqueue sampling after `step`'s forward pass; sampled tokens go into the token table on the device
+        and into pinned host memory, which `LaunchedStep.result()` waits for. `bitmask` (host, one row per
+        sampled request) holds the tokens their grammars allow."""
+        batch, logits, picked = step.batch, step.logits, step.batch.sampled
         if not picked:
-            return LaunchedStep(batch, [torch.zeros(0, dtype=torch.int64), None, None, None], self._done(), prompt)
+            return LaunchedStep(batch, [torch.zeros(0, dtype=torch.int64), None, None, None], self._done(), step.prompt)
         reqs = [batch.reqs[i] for i in picked]
         if len(picked) < len(batch.reqs):
-            logits = logits[torch.tensor(picked).to(self.device, non_blocking=True)]
+            logits = logits[torch.tensor(picked, dtype=torch.int64).to(self.device, non_blocking=True)]
         top_n = max((r.params.logprobs for r in reqs if r.params.logprobs is not None), default=None)
-        where = torch.tensor([[r.row for r in reqs], [batch.kv_lens[i] + batch.extend_lens[i] for i in picked]])
+        where = torch.tensor([[r.row for r in reqs], [batch.kv_lens[i] + batch.extend_lens[i] for i in picked]],
+                             dtype=torch.int64)
         rows, next_pos = where.to(self.device, non_blocking=True)
         out = self.sampler.sample(logits, rows, top_n, bitmask)
         self.token_table[rows, next_pos] = out.token_ids.int()
         host = [t.to("cpu", non_blocking=True) if t is not None else None
                 for t in (out.token_ids, out.logprobs, out.top_ids, out.top_logprobs)]
-        return LaunchedStep(batch, host, self._done(), prompt)
+        return LaunchedStep(batch, host, self._done(), step.prompt)
 
     def _done(self) -> torch.cuda.Event | None:
         """An event after everything enqueued so far (device->host copies included); None on the CPU."""

@@ -13,8 +13,11 @@ prefix cache.
 
 A constrained request (structured outputs) waits aside while its grammar compiles in the background,
 joins the waiting queue when rank 0 reports it compiled, and has its matcher advanced with every token
-committed. Its mask for the next step needs its last token, so while any admitted request is
-constrained each step is read before the next is launched (no overlap for those steps).
+committed. Its mask for the next step needs its last token, which the forward pass does not: with
+overlap, a batch holding constrained requests enqueues its forward pass, then reads the previous step
+and advances the matchers while the device computes, then fills the masks and enqueues sampling. A
+constrained request that the previous step finishes is in the batch already: its matcher is gone, its
+mask row allows everything, and the token drawn for it is dropped like any finished request's.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass
+
+import torch
 
 from minisgl.constrained import Grammars
 from minisgl.core import Batch, Req, ReqStatus, SamplingParams, TokenLogprob
@@ -177,20 +182,31 @@ class Scheduler:
     # ---- one step -------------------------------------------------------------------------------
 
     def step(self) -> None:
-        """Launch the next batch, then read the previous one (overlap) or this one (no overlap, or a
-        constrained request admitted: its matcher must see step N's token before step N+1's mask)."""
+        """Launch the next batch, then read the previous one (overlap) or this one (no overlap).
+
+        A constrained request's mask needs the matcher to have seen its previous token; its forward pass
+        does not (it reads that token from the device's token table). So a batch holding one is launched
+        in two halves: forward pass, then (overlap) the previous step read while the device computes,
+        then its masks filled and sampling enqueued."""
         self.progressed = []
-        overlap = self.overlap and not self.constrained
-        if not overlap and self.in_flight is not None:
-            launched, self.in_flight = self.in_flight, None
-            self._commit(launched)
-        launched = self._launch()
-        if overlap:
-            launched, self.in_flight = self.in_flight, launched
-        if launched is not None:
+        previous, self.in_flight = self.in_flight, None
+        batch = self._next_batch()
+        launched = None
+        if batch is not None:
+            forwarded = self.engine.forward(batch)
+            if previous is not None and self._constrained(batch):
+                self._commit(previous)
+                previous = None
+            launched = self.engine.sample(forwarded, self._bitmask(batch))
+        if previous is not None:
+            self._commit(previous)
+        if self.overlap:
+            self.in_flight = launched
+        elif launched is not None:
             self._commit(launched)
 
-    def _launch(self) -> LaunchedStep | None:
+    def _next_batch(self) -> Batch | None:
+        """The next batch, its requests' bookkeeping advanced as if it had run, its page-table entries sent."""
         batch = self._prefill_batch() or self._decode_batch()
         if batch is None:
             return None
@@ -199,8 +215,15 @@ class Scheduler:
         for i in batch.sampled:
             batch.reqs[i].in_flight += 1
         self.kv.flush()
-        mask = self.grammars.bitmask([batch.reqs[i].rid for i in batch.sampled]) if self.constrained else None
-        return self.engine.launch(batch, mask)
+        return batch
+
+    def _constrained(self, batch: Batch) -> bool:
+        """Some request the batch samples for has a grammar."""
+        return self.constrained and any(batch.reqs[i].params.constraint is not None for i in batch.sampled)
+
+    def _bitmask(self, batch: Batch) -> torch.Tensor | None:
+        """The grammars' masks for the batch's sampled requests, None when none of them has a grammar (left)."""
+        return self.grammars.bitmask([batch.reqs[i].rid for i in batch.sampled]) if self.constrained else None
 
     def _prefill_batch(self) -> Batch | None:
         """Requests with more than their last token to compute, in order, within the token budget:
@@ -267,18 +290,22 @@ class Scheduler:
         return n
 
     def _decode_batch(self) -> Batch | None:
-        """Every running request advances by one token; out of pages, retract the newest."""
+        """Every running request advances by one token; out of pages, retract the newest (never one already
+        in the batch: those come before it)."""
+        reqs: list[Req] = []
         i = 0
         while i < len(self.running):
             req = self.running[i]
-            if self._awaits_last_token(req) or self.kv.reserve(req, 1):
+            if self._awaits_last_token(req):
+                i += 1
+            elif self.kv.reserve(req, 1):
+                reqs.append(req)
                 i += 1
             elif len(self.running) > 1:
                 self._retract(self.running[-1])
             else:  # even alone it does not fit: the pool is smaller than this sequence
                 logger.warning("request %d needs more KV pages than the pool has; finishing it", req.rid)
                 self._finish(req, "length")
-        reqs = [r for r in self.running if not self._awaits_last_token(r)]
         return self._batch(reqs, [1] * len(reqs)) if reqs else None
 
     def _batch(self, reqs: list[Req], lens: list[int]) -> Batch:

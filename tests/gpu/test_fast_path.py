@@ -80,7 +80,7 @@ def test_launching_a_decode_step_never_waits_for_the_device(tiny_models):
         sched.step()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        launched = sched._launch()
+        launched = sched.engine.sample(sched.engine.forward(sched._next_batch()))
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert launched is not None and launched.batch.is_decode and len(launched.batch.reqs) == 2
