@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from minisgl.server.parsers.markers import scan
 
@@ -140,9 +141,31 @@ def forced_schema(functions: dict[str, dict], name: str | None, parallel: bool) 
     or for `required` an array of `{"name", "parameters"}` calls to any of them (one or more)."""
     if name is not None:
         return functions[name]
-    calls = [{"type": "object", "properties": {"name": {"const": fn}, "parameters": params},
+    defs: dict[str, Any] = {}
+    calls = [{"type": "object", "properties": {"name": {"const": fn}, "parameters": hoist_defs(fn, params, defs)},
               "required": ["name", "parameters"]} for fn, params in functions.items()]
-    return {"type": "array", "items": {"anyOf": calls}, "minItems": 1} | ({} if parallel else {"maxItems": 1})
+    return ({"type": "array", "items": {"anyOf": calls}, "minItems": 1} | ({} if parallel else {"maxItems": 1})
+            | ({"$defs": defs} if defs else {}))
+
+
+LOCAL_REFS = ("#/$defs/", "#/definitions/")
+
+
+def hoist_defs(fn: str, params: dict, defs: dict[str, Any]) -> dict:
+    """`params` for nesting inside a larger schema: its `$defs` (or `definitions`) move into `defs`, named
+    `fn.X`, and its references follow them; left in place, `#/$defs/X` would point at the outer schema's root."""
+    local = {**params.get("definitions", {}), **params.get("$defs", {})}
+    if not local:
+        return params
+
+    def moved(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {key: (f"#/$defs/{fn}.{value.split('/', 2)[2]}" if key == "$ref" and isinstance(value, str)
+                          and value.startswith(LOCAL_REFS) else moved(value)) for key, value in node.items()}
+        return [moved(item) for item in node] if isinstance(node, list) else node
+
+    defs.update({f"{fn}.{def_name}": moved(schema) for def_name, schema in local.items()})
+    return moved({key: value for key, value in params.items() if key not in ("$defs", "definitions")})
 
 
 def forced_calls(text: str, name: str | None) -> list[ToolCall] | None:
