@@ -202,7 +202,7 @@ class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras):
             return None
         if isinstance(choice, NamedToolChoice):
             if choice.function.name not in names:
-                raise ApiError(400, f"tool_choice names the function {choice.function.name!r}, which is not in tools",
+                raise ApiError(400, f"Tool {choice.function.name!r} not found in tools list (tool_choice names it)",
                                param="tool_choice")
             return "named", choice.function.name
         return ("required" if choice == "required" else "auto"), None
