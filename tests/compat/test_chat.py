@@ -292,3 +292,18 @@ def test_required_tool_choice_with_schema_defs(client):
     [call] = done.choices[0].message.tool_calls
     arguments = json.loads(call.function.arguments)
     assert call.function.name == "get_weather" and arguments["options"]["unit"] in ("celsius", "fahrenheit")
+
+
+@pytest.mark.parametrize("tools, tool_choice, words", [
+    ([TOOL_WITH_DEFS], {"type": "function", "function": {"name": "nonexistent_function"}},
+     "Tool 'nonexistent_function' not found in tools list"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "unknown_type"}}}}}], "required", "invalid 'parameters' schema"),
+])
+def test_tool_errors_in_sglangs_words(client, tools, tool_choice, words):
+    """SGLang test_tool_choice: an unknown named function and a forced choice over a parameters schema that
+    cannot be followed are 400s whose messages hold SGLang's words."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="demo", messages=MESSAGES, tools=tools, tool_choice=tool_choice,
+                                       max_tokens=4)
+    assert words in caught.value.message and caught.value.body["param"] == "tool_choice"
