@@ -122,7 +122,7 @@ def vllm_output_probes() -> dict:
         "guided_choice": lambda f: f.text(guided_choice=["red", "blue"], **HOT) in ("red", "blue"),
         "guided_grammar": lambda f: f.text(guided_grammar='root ::= "yes" | "no"', **HOT) in ("yes", "no"),
         "return_token_ids": lambda f: len(f.ok(return_token_ids=True)["choices"][0]["token_ids"]) == f.usage()[1]
-        and "token_ids" not in f.ok()["choices"][0],
+        and f.ok()["choices"][0].get("token_ids") is None,
         "return_tokens_as_token_ids": tokens_as_ids_probe,
     }
 

@@ -307,3 +307,13 @@ def test_tool_errors_in_sglangs_words(client, tools, tool_choice, words):
         client.chat.completions.create(model="demo", messages=MESSAGES, tools=tools, tool_choice=tool_choice,
                                        max_tokens=4)
     assert words in caught.value.message and caught.value.body["param"] == "tool_choice"
+
+
+def test_token_id_fields_are_null_unless_asked(client):
+    """vLLM test_chat_completion_with_tool_use: a chat answer always has `prompt_token_ids` and each choice
+    `token_ids` (null without return_token_ids), so clients read them as attributes."""
+    plain = client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=2)
+    assert plain.prompt_token_ids is None and plain.choices[0].token_ids is None
+    asked = client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=2,
+                                           extra_body={"return_token_ids": True})
+    assert asked.prompt_token_ids and len(asked.choices[0].token_ids) == asked.usage.completion_tokens

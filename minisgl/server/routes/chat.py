@@ -269,7 +269,8 @@ class ChatChoice(BaseModel):
     message: ChatResponseMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
-    token_ids: list[int] | None = Field(None, exclude_if=omitted, description="the output's ids (return_token_ids)")
+    token_ids: list[int] | None = Field(None, description="the output's ids (return_token_ids; else null, as vLLM "
+                                                         "has it)")
     matched_stop: str | int | None = Field(None, description="SGLang's: the stop string or stop/EOS token id that "
                                                              "ended a 'stop' choice")
 
@@ -280,7 +281,7 @@ class ChatCompletionResponse(Envelope):
     choices: list[ChatChoice]
     usage: Usage
     prompt_logprobs: PromptLogprobs | None = Field(None, description="vLLM's prompt_logprobs (when asked for)")
-    prompt_token_ids: list[int] | None = Field(None, exclude_if=omitted, description="return_token_ids")
+    prompt_token_ids: list[int] | None = Field(None, description="the prompt's ids (return_token_ids; else null)")
 
 
 class DeltaToolCall(ResponseToolCall):
