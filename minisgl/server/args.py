@@ -101,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     outputs = p.add_argument_group("outputs")
     outputs.add_argument("--tool-call-parser", choices=sorted(TOOL_CALL_PARSERS),
                          help="how the model writes tool calls, for tool_choice auto: hermes (= qwen, qwen25: "
-                              "<tool_call> blocks) or llama3 (JSON); without it only forced calls are served")
+                              "<tool_call> blocks), llama3 (JSON) or mistral ([TOOL_CALLS] and a JSON array); "
+                              "without it only forced calls are served")
     outputs.add_argument("--enable-auto-tool-choice", action="store_true",
                          help="vLLM spelling, accepted for its launch commands: tool_choice auto is served "
                               "whenever --tool-call-parser is given (vLLM, too, requires the parser with it)")
