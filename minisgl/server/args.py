@@ -132,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--enable-cache-report", "--enable-prompt-tokens-details", action="store_true",
                         help="SGLang's and vLLM's spellings, accepted for their launch commands: usage always "
                              "reports prompt_tokens_details.cached_tokens")
+    server.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                        help="vLLM spelling, accepted for its launch commands: GET /tokenizer_info is always served")
     server.add_argument("--enable-server-load-tracking", action="store_true",
                         help="vLLM spelling, accepted for its launch commands: GET /load is always served")
     server.add_argument("--metrics-naming", choices=NAMINGS, default="sglang",
