@@ -37,3 +37,12 @@ def test_tokenizer_info_describes_the_served_tokenizer(http, tokenizer):
     assert info["added_tokens_decoder"][str(tokenizer.eos_token_id)] == {"content": tokenizer.eos_token,
                                                                          "special": True}
     assert info["model_max_length"] >= http.post("/tokenize", json={"prompt": "x"}).json()["max_model_len"]
+
+
+def test_model_field_names_the_served_model(http):
+    """vLLM's /tokenize and /detokenize bodies carry `model`: the served name is taken, another is a 404."""
+    assert http.post("/tokenize", json={"model": "demo", "prompt": "hi"}).status_code == 200
+    assert http.post("/detokenize", json={"model": "demo", "tokens": [1, 2]}).status_code == 200
+    for path, body in (("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [1, 2]})):
+        answer = http.post(path, json=body | {"model": "other"})
+        assert answer.status_code == 404 and answer.json()["error"]["code"] == "model_not_found"

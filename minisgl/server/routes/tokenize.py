@@ -16,7 +16,7 @@ from pydantic import BaseModel, Discriminator, Field, Tag, model_validator
 
 from minisgl.core import check_token_ids
 from minisgl.server.errors import ApiError, error_responses
-from minisgl.server.protocol import StrictRequest, Text, TokenId
+from minisgl.server.protocol import SERVED_MODEL_MARK, StrictRequest, Text, TokenId
 from minisgl.server.routes.chat import ChatMessage, TemplateOptions, Tool
 from minisgl.server.state import ServerState, server_state
 from minisgl.server.text import Conversation
@@ -27,6 +27,8 @@ router = APIRouter()
 class TokenizeOptions(StrictRequest):
     """vLLM's options of both shapes."""
 
+    model: Text | None = Field(None, json_schema_extra={SERVED_MODEL_MARK: True},
+                               description="optional; when given, the served model (else 404)")
     add_special_tokens: bool = Field(False, description="add the tokenizer's special tokens (a BOS); default "
                                      "false, as the generation routes run prompts (vLLM: true for a prompt)")
     return_token_strs: bool = Field(False, description="also each token as the tokenizer spells it")
@@ -69,6 +71,8 @@ class TokenizeResponse(BaseModel):
 
 class DetokenizeRequest(StrictRequest):
     tokens: list[TokenId]
+    model: Text | None = Field(None, json_schema_extra={SERVED_MODEL_MARK: True},
+                               description="optional; when given, the served model (else 404)")
 
 
 class DetokenizeResponse(BaseModel):
@@ -78,6 +82,7 @@ class DetokenizeResponse(BaseModel):
 @router.post("/tokenize", response_model=TokenizeResponse, responses=error_responses(400, 401, 413, 503))
 async def tokenize(body: TokenizeRequest, state: ServerState = Depends(server_state)) -> TokenizeResponse:
     state.check_serving()
+    state.check_model(body.model)
     param = "prompt" if isinstance(body, TokenizeText) else "messages"
     state.codec.require(param, "there is nothing to tokenize with")
     limits = state.limits
@@ -98,6 +103,7 @@ async def tokenize(body: TokenizeRequest, state: ServerState = Depends(server_st
 @router.post("/detokenize", response_model=DetokenizeResponse, responses=error_responses(400, 401, 413, 503))
 async def detokenize(body: DetokenizeRequest, state: ServerState = Depends(server_state)) -> DetokenizeResponse:
     state.check_serving()
+    state.check_model(body.model)
     state.codec.require("tokens", "there is nothing to detokenize with")
     try:
         check_token_ids(body.tokens, state.limits.vocab_size, "tokens")
