@@ -317,3 +317,15 @@ def test_token_id_fields_are_null_unless_asked(client):
     asked = client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=2,
                                            extra_body={"return_token_ids": True})
     assert asked.prompt_token_ids and len(asked.choices[0].token_ids) == asked.usage.completion_tokens
+
+
+def test_a_role_the_template_knows_is_passed_to_it(client, http):
+    """vLLM test_custom_role: a role outside OpenAI's goes to the chat template as it is (text and text parts
+    alike); a template that renders it answers, the demo's Qwen3-like one shows it as a turn of that role."""
+    args = dict(model="demo", max_tokens=4, temperature=0)
+    as_text = client.chat.completions.create(messages=[{"role": "my-custom-role", "content": "what is 1+1?"}], **args)
+    as_parts = client.chat.completions.create(messages=[{"role": "my-custom-role", "content": [
+        {"type": "text", "text": "what is 1+1?"}]}], **args)
+    assert as_text.choices[0].message.content == as_parts.choices[0].message.content
+    tokens = http.post("/tokenize", json={"messages": [{"role": "my-custom-role", "content": "hi"}]}).json()["tokens"]
+    assert "my-custom-role" in http.post("/detokenize", json={"tokens": tokens}).json()["prompt"]

@@ -27,6 +27,7 @@ from minisgl.server.protocol import (
     MAX_LOGPROBS,
     ChatLogprobs,
     Envelope,
+    NonEmptyText,
     PromptLogprobs,
     SamplingFields,
     StrictRequest,
@@ -83,7 +84,9 @@ class MessageToolCall(StrictRequest):
 
 
 class ChatMessage(StrictRequest):
-    role: Literal["system", "user", "assistant", "tool", "developer"]
+    # OpenAI's roles, or another a model's chat template knows (Llama's `ipython`...): passed to the template as
+    # vLLM passes it, which renders it or refuses the messages (a 400).
+    role: Literal["system", "user", "assistant", "tool", "developer"] | NonEmptyText
     content: Text | list[ContentPart] | None = None
     name: Text | None = None
     tool_call_id: Text | None = Field(None, description="tool messages: the call this is the result of")
