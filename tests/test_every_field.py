@@ -122,8 +122,18 @@ def vllm_output_probes() -> dict:
         "guided_choice": lambda f: f.text(guided_choice=["red", "blue"], **HOT) in ("red", "blue"),
         "guided_grammar": lambda f: f.text(guided_grammar='root ::= "yes" | "no"', **HOT) in ("yes", "no"),
         "return_token_ids": lambda f: len(f.ok(return_token_ids=True)["choices"][0]["token_ids"]) == f.usage()[1]
-        and "token_ids" not in f.ok()["choices"][0],
+        and f.ok()["choices"][0].get("token_ids") is None,
+        "return_tokens_as_token_ids": tokens_as_ids_probe,
     }
+
+
+def tokens_as_ids_probe(f: Front) -> bool:
+    """Logprobs tokens are spelled `token_id:N`, N the ids the answer's token_ids hold."""
+    asked = {"logprobs": True} if f.path == "/v1/chat/completions" else {"logprobs": 1}
+    choice = f.ok(return_tokens_as_token_ids=True, return_token_ids=True, **asked)["choices"][0]
+    logprobs = choice["logprobs"]
+    tokens = [t["token"] for t in logprobs["content"]] if "content" in logprobs else logprobs["tokens"]
+    return tokens == [f"token_id:{i}" for i in choice["token_ids"]]
 
 
 def salt_probe(f: Front) -> bool:
@@ -188,6 +198,8 @@ CHAT_PROBES = shared_probes() | vllm_output_probes() | {
     "add_generation_prompt": lambda f: f.usage(add_generation_prompt=False)[0] < f.usage()[0],
     "continue_final_message": lambda f: f.usage(messages=PREFILL, continue_final_message=True)[0]
     < f.usage(messages=PREFILL)[0],
+    "echo": lambda f: f.text(messages=PREFILL, continue_final_message=True, echo=True)
+    == "Once upon a time" + f.text(messages=PREFILL, continue_final_message=True),
 }
 
 

@@ -66,7 +66,7 @@ def test_chat_image_part_refused_by_name():
 
 def test_chat_schema_errors_name_the_field():
     assert refused_field(chat, messages=[]) == "messages"
-    assert refused_field(chat, messages=[{"role": "robot", "content": "x"}]) == "messages"
+    assert refused_field(chat, messages=[{"role": "", "content": "x"}]) == "messages"
     with pytest.raises(ValidationError) as e:
         ChatCompletionRequest.model_validate({"model": None, "messages": [{"role": "user", "content": "x"}]})
     assert field_path(e.value.errors()[0]["loc"]) == ["model"]
@@ -187,11 +187,13 @@ def test_chat_response_shape():
     resp = ChatCompletionResponse(model="m", usage=usage(), choices=[
         ChatChoice(index=0, message=ChatResponseMessage(content="hello"), finish_reason="stop")])
     body = json.loads(resp.model_dump_json())
-    assert list(body) == ["id", "object", "created", "model", "choices", "usage", "prompt_logprobs"]  # + vLLM's
+    assert list(body) == ["id", "object", "created", "model", "choices", "usage", "prompt_logprobs",
+                          "prompt_token_ids"]  # + vLLM's
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
     assert isinstance(body["created"], int)
     assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "hello"},
-                                "logprobs": None, "finish_reason": "stop", "matched_stop": None}]  # + SGLang's
+                                "logprobs": None, "finish_reason": "stop", "token_ids": None,  # + vLLM's
+                                "matched_stop": None}]  # + SGLang's
     assert body["usage"]["total_tokens"] == 10
     assert ChatCompletionResponse(model="m", usage=usage(), choices=[]).id != resp.id
 

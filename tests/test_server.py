@@ -142,7 +142,7 @@ BAD_REQUESTS = [  # (path, body or raw bytes, status, param)
      "top_logprobs"),
     ("/v1/chat/completions", {"model": "tiny", "messages": CHAT, "stop": [""]}, 400, "stop"),
     ("/v1/chat/completions", {"model": "tiny", "messages": []}, 400, "messages"),
-    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "", "content": "x"}]}, 400, "messages"),
     ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, 400, "messages"),
     ("/v1/chat/completions", {"model": None, "messages": CHAT}, 400, "model"),  # left out: the served model
@@ -154,7 +154,7 @@ BAD_REQUESTS = [  # (path, body or raw bytes, status, param)
     ("/v1/completions", {"model": "tiny", "prompt": [1, 2, 10**7]}, 400, "prompt"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "temperature": "hot"}, 400, "temperature"),
     ("/detokenize", {"tokens": [-1]}, 400, "tokens"),
-    ("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages"),
+    ("/tokenize", {"messages": [{"role": "", "content": "x"}]}, 400, "messages"),
     ("/tokenize", {"prompt": 5}, 400, "prompt"),
 ]
 

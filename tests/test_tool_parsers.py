@@ -9,7 +9,15 @@ import jsonschema
 import pytest
 
 from minisgl.server.parsers.output import OutputParser, ToolUse
-from minisgl.server.parsers.tools import HermesParser, Llama3JsonParser, Parsed, ToolCall, forced_calls, forced_schema
+from minisgl.server.parsers.tools import (
+    HermesParser,
+    Llama3JsonParser,
+    MistralParser,
+    Parsed,
+    ToolCall,
+    forced_calls,
+    forced_schema,
+)
 
 
 def run(parser, pieces: list[str]) -> Parsed:
@@ -58,8 +66,20 @@ LLAMA_CASES = [
 ]
 
 
+# SGLang's `mistral` parser (its tool-choice tests run a Mistral 7B v0.3 class with it).
+MISTRAL_CASES = [
+    ('Sure. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}, '
+     '{"name": "get_time", "arguments": {}}]', "Sure. ", [WEATHER, TIME]),
+    ("No [TOOL or calls here.", "No [TOOL or calls here.", []),
+    ('[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Par', '[TOOL_CALLS] [{"name": "get_weather", '
+     '"arguments": {"city": "Par', []),  # cut by max_tokens: given back as text
+    ('[TOOL_CALLS] [{"arguments": {}}]', '[TOOL_CALLS] [{"arguments": {}}]', []),  # no name
+]
+
+
 @pytest.mark.parametrize("parser, text, content, calls", [(HermesParser, *case) for case in HERMES_CASES] +
-                         [(Llama3JsonParser, *case) for case in LLAMA_CASES])
+                         [(Llama3JsonParser, *case) for case in LLAMA_CASES] +
+                         [(MistralParser, *case) for case in MISTRAL_CASES])
 def test_calls_found_however_the_stream_splits_them(parser, text, content, calls):
     for pieces in splits(text):
         out = run(parser(), pieces)

@@ -134,7 +134,7 @@ def test_tool_choice_none_leaves_the_text_alone(client):
 @pytest.mark.parametrize("body, param, words", [
     ({"tool_choice": "required"}, "tool_choice", "needs tools"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
-     "not in tools"),
+     "not found in tools list"),
     ({"tools": TOOLS + TOOLS[:1]}, "tools", "distinct"),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
      "cannot be combined with response_format"),

@@ -2,10 +2,11 @@
 and an openapi.json that says what the server really answers.
 
 Where things are: routes/chat.py, routes/completions.py and routes/responses.py (each: schema, route,
-stream format), routes/generate.py (SGLang's native /generate), routes/models.py (the model list and card,
-/version), routes/load.py (vLLM's /load), routes/tokenize.py, routes/ops.py (health, metrics, server info);
-boundary.py is the one place requests are validated; generation.py runs them; parsers/ split tool calls and
-reasoning from the output text; errors.py is the error shape; middleware.py the API key and the body size limit.
+stream format), routes/invocations.py (either of the first two, told apart by the body), routes/generate.py
+(SGLang's native /generate), routes/models.py (the model list and card, /version), routes/load.py (vLLM's
+/load), routes/tokenize.py, routes/ops.py (health, metrics, server info); boundary.py is the one place
+requests are validated; generation.py runs them; parsers/ split tool calls and reasoning from the output
+text; errors.py is the error shape; middleware.py the API key and the body size limit.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pydantic.json_schema import models_json_schema
 from minisgl.server.errors import install_error_handlers
 from minisgl.server.middleware import OPEN_PATHS, ApiKeyCheck, BodySizeLimit
 from minisgl.server.protocol import SERVED_MODEL_MARK, TOKEN_ID_MARK
-from minisgl.server.routes import chat, completions, generate, load, models, ops, responses, tokenize
+from minisgl.server.routes import chat, completions, generate, invocations, load, models, ops, responses, tokenize
 from minisgl.server.state import ServerState
 
 logger = logging.getLogger("minisgl.api")
@@ -38,10 +39,12 @@ def build_app(state: ServerState) -> FastAPI:
         for task in tasks:
             task.cancel()
 
-    app = FastAPI(title="minisgl", summary="OpenAI-compatible LLM server", lifespan=lifespan)
+    # root_path: paths under it are routed without it; paths outside it are routed as they are (vLLM's behaviour).
+    app = FastAPI(title="minisgl", summary="OpenAI-compatible LLM server", lifespan=lifespan,
+                  root_path=state.args.root_path)
     app.state.server = state
     install_error_handlers(app)
-    for module in (chat, completions, responses, generate, tokenize, models, load, ops):
+    for module in (chat, completions, invocations, responses, generate, tokenize, models, load, ops):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, limit=state.args.max_request_bytes)
     if state.args.api_key:

@@ -4,6 +4,7 @@ cheap (so their launch commands and manifests work unchanged)."""
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 
 from minisgl.engine.config import EngineArgs
@@ -29,8 +30,11 @@ class ServerArgs:
     metrics_naming: str = "sglang"
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    root_path: str = ""
 
 
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's (and torch's) other names
+API_KEY_ENV = "VLLM_API_KEY"  # vLLM's: read when --api-key is not given, so manifests keep the key off the command line
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024  # a 128k-token prompt as text is ~0.5 MB, as token ids ~1 MB
 
 
@@ -50,8 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     model = p.add_argument_group("model")
     model.add_argument("--model", "--model-path", dest="model", help="local checkpoint directory or Hugging Face id")
     model.add_argument("--served-model-name", help="the name clients use in 'model' (default: --model)")
-    model.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                       help="weight and KV dtype; auto takes config.json's (default: auto)")
+    model.add_argument("--dtype", default="auto", type=lambda name: DTYPE_ALIASES.get(name, name),
+                       choices=["auto", "float32", "bfloat16", "float16"],
+                       help="weight and KV dtype; auto takes config.json's; vLLM's half and float are "
+                            "float16 and float32 (default: auto)")
     model.add_argument("--dummy-weight", action="store_true", help="random weights from config.json (benchmarks)")
     model.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                        help="SGLang spelling: 'dummy' equals --dummy-weight")
@@ -95,7 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     outputs = p.add_argument_group("outputs")
     outputs.add_argument("--tool-call-parser", choices=sorted(TOOL_CALL_PARSERS),
                          help="how the model writes tool calls, for tool_choice auto: hermes (= qwen, qwen25: "
-                              "<tool_call> blocks) or llama3 (JSON); without it only forced calls are served")
+                              "<tool_call> blocks), llama3 (JSON) or mistral ([TOOL_CALLS] and a JSON array); "
+                              "without it only forced calls are served")
+    outputs.add_argument("--enable-auto-tool-choice", action="store_true",
+                         help="vLLM spelling, accepted for its launch commands: tool_choice auto is served "
+                              "whenever --tool-call-parser is given (vLLM, too, requires the parser with it)")
     outputs.add_argument("--grammar-backend", "--structured-outputs-config.backend", choices=["xgrammar"],
                          default="xgrammar", help="SGLang's and vLLM's spellings: structured outputs always use "
                                                   "xgrammar (another backend is refused)")
@@ -105,7 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     server = p.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 in containers)")
     server.add_argument("--port", type=int, default=1919)
-    server.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every route but /health and /metrics")
+    server.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
+                        help="require 'Authorization: Bearer KEY' on every route but /health and /metrics "
+                             f"(default: ${API_KEY_ENV}, as vLLM reads it)")
+    server.add_argument("--root-path", default="",
+                        help="the path prefix a reverse proxy serves this server under (e.g. /llm): routes answer "
+                             "with and without it, as vLLM's --root-path does")
     server.add_argument("--max-queued-requests", type=positive_int, default=1024,
                         help="sequences waiting for their first token beyond which new requests get 503")
     server.add_argument("--max-request-bytes", "--max-payload-size", type=positive_int,
@@ -117,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--enable-cache-report", "--enable-prompt-tokens-details", action="store_true",
                         help="SGLang's and vLLM's spellings, accepted for their launch commands: usage always "
                              "reports prompt_tokens_details.cached_tokens")
+    server.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                        help="vLLM spelling, accepted for its launch commands: GET /tokenizer_info is always served")
     server.add_argument("--enable-server-load-tracking", action="store_true",
                         help="vLLM spelling, accepted for its launch commands: GET /load is always served")
     server.add_argument("--metrics-naming", choices=NAMINGS, default="sglang",
@@ -135,6 +152,10 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         a.device = "cpu" if a.device == "auto" else a.device
     if not a.model:
         parser.error("--model is required (or --demo)")
+    if a.enable_auto_tool_choice and not a.tool_call_parser:
+        parser.error("--enable-auto-tool-choice needs --tool-call-parser (how the model writes its calls)")
+    if a.root_path and not (a.root_path.startswith("/") and not a.root_path.endswith("/")):
+        parser.error(f"--root-path must start with / and not end with one, got {a.root_path!r}")
     if a.max_total_tokens is not None:
         if a.num_pages is not None:
             parser.error("give --num-pages or --max-total-tokens, not both")
@@ -152,4 +173,4 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         parser.error(str(exc))
     return ServerArgs(engine, a.host, a.port, a.served_model_name or a.model, a.api_key, a.max_queued_requests,
                       a.max_request_bytes, a.shutdown_timeout, a.shell, a.demo, a.log_level, a.skip_tokenizer_init,
-                      a.metrics_naming, a.tool_call_parser, a.reasoning_parser)
+                      a.metrics_naming, a.tool_call_parser, a.reasoning_parser, a.root_path)

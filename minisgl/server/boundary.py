@@ -141,5 +141,8 @@ async def constraint(codec: TextCodec, body: SamplingFields) -> Constraint | Non
     try:
         await codec.run(check_constraint, grammar)
     except ValueError as exc:
-        raise ApiError(400, f"{param} is not a grammar this server can follow: {exc}", param=param) from None
+        # A forced tool choice's grammar is the tools' parameter schemas: say so, in SGLang's words.
+        message = (f"tool_choice forces calls, but a tool has an invalid 'parameters' schema: {exc}"
+                   if param == "tool_choice" else f"{param} is not a grammar this server can follow: {exc}")
+        raise ApiError(400, message, param=param) from None
     return grammar

@@ -95,9 +95,11 @@ def install_error_handlers(app: FastAPI) -> None:
             detail = first.get("ctx", {}).get("error", "")
             return error_response(ApiError(400, f"malformed JSON body: {detail}".rstrip(": ")))
         where = field_path(tuple(first.get("loc", ())))
-        reason = UNKNOWN_FIELD if first.get("type") == "extra_forbidden" else first.get("msg", "invalid request")
+        kind = first.get("type")
+        # pydantic's error type ends the message and is the code (vLLM's messages carry it too: clients match it).
+        reason = UNKNOWN_FIELD if kind == "extra_forbidden" else f"{first.get('msg', 'invalid request')} ({kind})"
         message = f"{'.'.join(where) + ': ' if where else ''}{reason}"
-        return error_response(ApiError(400, message, param=where[0] if where else None))
+        return error_response(ApiError(400, message, param=where[0] if where else None, code=kind))
 
     @app.exception_handler(HTTPException)
     async def on_http_error(request: Request, exc: HTTPException):

@@ -103,11 +103,13 @@ def watch_children(children: list[multiprocessing.Process], stopping: threading.
 def serve(args: ServerArgs) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s [api] %(levelname)s %(message)s")
     if args.demo:
-        from minisgl.tools.tiny_model import make_tiny_model
+        from minisgl.tools.tiny_model import QWEN3_CHAT_TEMPLATE, make_tiny_model
 
-        # Qwen3's own context, so launch commands written for real models (--max-model-len 8192, ...) fit it.
+        # Qwen3's own context and chat template (tools, thinking), so launch commands and requests written for
+        # real models (--max-model-len 8192, tools, enable_thinking) fit it.
         args.engine.model = str(make_tiny_model(tempfile.mkdtemp(prefix="minisgl-demo-"), arch="qwen3",
-                                                max_position_embeddings=DEMO_CONTEXT))
+                                                max_position_embeddings=DEMO_CONTEXT,
+                                                chat_template=QWEN3_CHAT_TEMPLATE))
         logger.info("demo: serving a tiny random qwen3 model from %s on the CPU", args.engine.model)
     args.engine.model = str(resolve_model_path(args.engine.model))
     longest = ModelConfig.from_dir(args.engine.model).max_position_embeddings

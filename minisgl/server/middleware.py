@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hmac
 
+from starlette.routing import get_route_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from minisgl.server.errors import ApiError, error_response
@@ -23,7 +24,7 @@ class ApiKeyCheck:
         self.app, self.key = app, key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS and not self.authorized(scope):
+        if scope["type"] == "http" and get_route_path(scope) not in OPEN_PATHS and not self.authorized(scope):
             error = ApiError(401, "invalid or missing API key", code="invalid_api_key")
             return await error_response(error, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
         await self.app(scope, receive, send)

@@ -31,7 +31,7 @@ from pydantic import (
 
 from minisgl.core import MAX_LOGIT_BIAS, Constraint
 from minisgl.server.errors import ApiError
-from minisgl.server.ipc import LogprobEntry
+from minisgl.server.ipc import Alternative, LogprobEntry
 
 MAX_N = 16
 MAX_STOP_STRINGS = 16
@@ -132,7 +132,7 @@ class SamplingFields(StrictRequest):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: NonEmptyText | Annotated[list[NonEmptyText], Field(max_length=MAX_STOP_STRINGS)] | None = None
-    seed: integer() | None = None
+    seed: integer(ge=-(2**63), le=2**63 - 1) | None = Field(None, description="a 64-bit integer, as vLLM takes it")
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
@@ -240,6 +240,8 @@ class VllmExtras(StrictRequest):
     prompt_logprobs_temperature: float | None = Field(
         None, gt=0, description="vLLM's: the prompt's logprobs (prompt_logprobs, echo's) from logits divided by this")
     return_token_ids: bool = Field(False, description="vLLM's: the prompt's and the output's token ids")
+    return_tokens_as_token_ids: bool = Field(False, description="vLLM's: tokens in `logprobs` are spelled "
+                                             "`token_id:N` (exact where a token is not text on its own)")
     cache_salt: NonEmptyText | None = Field(None, description="vLLM's: the request shares cached prompt prefixes "
                                             "only with requests of the same salt (tenants apart)")
 
@@ -332,19 +334,25 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int]
 
 
-def chat_logprobs(entries: list[LogprobEntry]) -> ChatLogprobs:
+def by_id(token: LogprobEntry | Alternative) -> str:
+    """A token spelled by its id, as vLLM's return_tokens_as_token_ids has it (a token that is not text on
+    its own, such as part of a UTF-8 character, stays exact)."""
+    return f"token_id:{token.token_id}"
+
+
+def chat_logprobs(entries: list[LogprobEntry], spell_by_id: bool = False) -> ChatLogprobs:
     """The chat `logprobs` object: per token its logprob, UTF-8 bytes and top alternatives."""
 
-    def item(token: str, lp: float) -> dict:
-        return {"token": token, "logprob": _lp(lp), "bytes": list(token.encode("utf-8"))}
+    def item(token: LogprobEntry | Alternative) -> dict:
+        text = by_id(token) if spell_by_id else token.text
+        return {"token": text, "logprob": _lp(token.logprob), "bytes": list(text.encode("utf-8"))}
 
-    return ChatLogprobs(content=[
-        TokenLogprob(**item(e.text, e.logprob), top_logprobs=[TopLogprob(**item(alt.text, alt.logprob))
-                                                              for alt in e.top])
-        for e in entries])
+    return ChatLogprobs(content=[TokenLogprob(**item(e), top_logprobs=[TopLogprob(**item(alt)) for alt in e.top])
+                                 for e in entries])
 
 
-def completion_logprobs(entries: list[LogprobEntry], text_offset_start: int = 0) -> CompletionLogprobs:
+def completion_logprobs(entries: list[LogprobEntry], text_offset_start: int = 0,
+                        spell_by_id: bool = False) -> CompletionLogprobs:
     """The legacy completions `logprobs` object; `text_offset` counts characters into the returned text.
     An entry whose logprob is None (an echoed prompt's first token) has None for its top alternatives too."""
     offsets, pos = [], text_offset_start
@@ -352,9 +360,10 @@ def completion_logprobs(entries: list[LogprobEntry], text_offset_start: int = 0)
         offsets.append(pos)
         pos += len(e.text)
     return CompletionLogprobs(
-        tokens=[e.text for e in entries],
+        tokens=[by_id(e) if spell_by_id else e.text for e in entries],
         token_logprobs=[None if e.logprob is None else _lp(e.logprob) for e in entries],
-        top_logprobs=[None if e.logprob is None else completion_top(e) for e in entries], text_offset=offsets)
+        top_logprobs=[None if e.logprob is None else completion_top(e, spell_by_id) for e in entries],
+        text_offset=offsets)
 
 
 class VllmLogprob(BaseModel):
@@ -380,12 +389,12 @@ def vllm_prompt_logprobs(entries: list[LogprobEntry]) -> PromptLogprobs:
     return positions
 
 
-def completion_top(entry: LogprobEntry) -> dict[str, float]:
+def completion_top(entry: LogprobEntry, spell_by_id: bool = False) -> dict[str, float]:
     """A position's `top_logprobs`, as vLLM gives it: the token itself, then the top alternatives (N + 1 keys
-    when it is not among them). Keys are texts, so a second token of an already-listed text is keyed
-    `token_id:N` (vLLM's spelling of a token by id) instead of overwriting the first."""
-    top = {entry.text: _lp(entry.logprob)}
+    when it is not among them). Keys are texts (or ids, `spell_by_id`), so a second token of an already-listed
+    text is keyed by its id (`token_id:N`, vLLM's spelling) instead of overwriting the first."""
+    top = {by_id(entry) if spell_by_id else entry.text: _lp(entry.logprob)}
     for alt in entry.top:
         if alt.token_id != entry.token_id:
-            top[alt.text if alt.text not in top else f"token_id:{alt.token_id}"] = _lp(alt.logprob)
+            top[alt.text if alt.text not in top and not spell_by_id else by_id(alt)] = _lp(alt.logprob)
     return top

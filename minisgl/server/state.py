@@ -42,13 +42,17 @@ class ServerState:
         if not self.client.ready.is_set():
             raise ApiError(503, "the model is still loading", retry_after=5)
 
+    def check_model(self, model: str | None) -> None:
+        """404 unless `model` is the served one (None: the request left it out, as vLLM and SGLang allow)."""
+        if model is not None and model != self.args.served_model_name:
+            raise ApiError(404, f"the model {model[:200]!r} does not exist; this server serves "
+                                f"'{self.args.served_model_name}'", param="model", code="model_not_found")
+
     def admit(self, model: str | None, sequences: int) -> None:
         """Admit a generation request of `sequences` sequences (prompts x n) for `model` (None: the served
         one) or refuse it now. Once admitted, the caller submits them all or releases the rest (client.release)."""
         self.check_serving()
-        if model is not None and model != self.args.served_model_name:
-            raise ApiError(404, f"the model {model[:200]!r} does not exist; this server serves "
-                                f"'{self.args.served_model_name}'", param="model", code="model_not_found")
+        self.check_model(model)
         limit = self.args.max_queued_requests
         if sequences > limit:
             raise ApiError(400, f"this request asks for {sequences} sequences (prompts x n) but at most {limit} "

@@ -64,13 +64,15 @@ class TextCodec:
         if self.tokenizer is None:
             raise ApiError(400, f"{NO_TOKENIZER}: {what}", param=param)
 
-    async def encode(self, text: str, limit: int) -> tuple[int, list[int]]:
-        """(token count, ids); the ids are left out (empty) when the count passes `limit`."""
-        return await self.run(self._encode, text, limit)
+    async def encode(self, text: str, limit: int, add_special_tokens: bool = False) -> tuple[int, list[int]]:
+        """(token count, ids); the ids are left out (empty) when the count passes `limit`. Special tokens
+        (a BOS) are added only when asked for (/tokenize): prompts are sent as the client wrote them."""
+        return await self.run(self._encode, text, limit, add_special_tokens)
 
-    async def encode_chat(self, conversation: Conversation, limit: int) -> tuple[int, list[int], str]:
+    async def encode_chat(self, conversation: Conversation, limit: int,
+                          add_special_tokens: bool = False) -> tuple[int, list[int], str]:
         """The conversation through the model's chat template, encoded; and the template's text."""
-        return await self.run(self._encode_chat, conversation, limit)
+        return await self.run(self._encode_chat, conversation, limit, add_special_tokens)
 
     def token_text(self, token_id: int) -> str:
         """One token's text (one token: cheap enough for the loop); without a tokenizer, its id."""
@@ -105,12 +107,13 @@ class TextCodec:
         finally:
             self.waiting.discard(waiter)
 
-    def _encode(self, text: str, limit: int) -> tuple[int, list[int]]:
-        [encoding] = self.backend.encode_batch([text], add_special_tokens=False)
+    def _encode(self, text: str, limit: int, add_special_tokens: bool = False) -> tuple[int, list[int]]:
+        [encoding] = self.backend.encode_batch([text], add_special_tokens=add_special_tokens)
         count = len(encoding)
         return count, (encoding.ids if count <= limit else [])
 
-    def _encode_chat(self, conversation: Conversation, limit: int) -> tuple[int, list[int], str]:
+    def _encode_chat(self, conversation: Conversation, limit: int,
+                     add_special_tokens: bool = False) -> tuple[int, list[int], str]:
         tools, kwargs = conversation.tools, conversation.template_kwargs
         reserved = sorted(RESERVED_TEMPLATE_NAMES & set(kwargs))
         if reserved:
@@ -125,4 +128,4 @@ class TextCodec:
             raise
         except Exception as exc:  # the template is a program run on the client's messages; it refused them
             raise ApiError(400, f"the model's chat template refused these messages: {exc}", param="messages") from None
-        return *self._encode(text, limit), text
+        return *self._encode(text, limit, add_special_tokens), text

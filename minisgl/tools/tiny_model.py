@@ -32,6 +32,48 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# Qwen3's template in small: shows tools to the model, renders earlier tool calls and tool results, and opens
+# or closes a `<think>` block (enable_thinking). What --demo serves, so tool calling works there as on Qwen3.
+QWEN3_CHAT_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+{% if messages[0].role == 'system' %}{{ messages[0].content }}
+
+{% endif %}# Tools
+
+You may call one or more functions to assist with the user query.
+
+<tools>
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}</tools>
+
+For each function call, return a json object with function name and arguments within <tool_call></tool_call> \
+XML tags.<|im_end|>
+{% elif messages[0].role == 'system' %}<|im_start|>system
+{{ messages[0].content }}<|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% elif message.role == 'assistant' %}<|im_start|>assistant
+{{ message.content }}
+{%- for call in message.tool_calls or [] %}
+<tool_call>
+{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
+</tool_call>
+{%- endfor %}<|im_end|>
+{% elif message.role != 'system' %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% if enable_thinking is defined and not enable_thinking %}<think>
+
+</think>
+
+{% elif force_thinking is defined and force_thinking %}<think>
+{% endif %}{% endif %}"""
 VOCAB_TARGET = 500
 # Init scales (weight std = GAIN / sqrt(fan_in)), tuned so greedy top-1/top-2 logit gaps are ~0.6 median and
 # rarely below 1e-3, while the layers outweigh the input embedding (else tied qwen3 just repeats its input).
@@ -58,7 +100,7 @@ CORPUS = [
 ]
 
 
-def train_tokenizer() -> PreTrainedTokenizerFast:
+def train_tokenizer(chat_template: str = CHAT_TEMPLATE) -> PreTrainedTokenizerFast:
     """Byte-level BPE on the fixed corpus: every byte is in the vocab, so any text round-trips."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -67,7 +109,7 @@ def train_tokenizer() -> PreTrainedTokenizerFast:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(CORPUS, trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE)
+                                   pad_token="<|endoftext|>", chat_template=chat_template)
 
 
 def build_config(arch: str, tokenizer: PreTrainedTokenizerFast, **overrides) -> PretrainedConfig:
@@ -115,10 +157,11 @@ def reinit_weights(model: torch.nn.Module) -> None:
 
 
 def make_tiny_model(out_dir: str | Path, arch: str = "qwen3", seed: int = 0,
-                    max_shard_size: str | None = None, **config_overrides) -> Path:
+                    max_shard_size: str | None = None, chat_template: str = CHAT_TEMPLATE,
+                    **config_overrides) -> Path:
     """Write a loadable tiny checkpoint to out_dir; the same arguments always give the same files."""
     out = Path(out_dir)
-    tokenizer = train_tokenizer()
+    tokenizer = train_tokenizer(chat_template)
     config = build_config(arch, tokenizer, **config_overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

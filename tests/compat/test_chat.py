@@ -3,6 +3,8 @@ chat tests, with the real `openai` client."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -219,3 +221,111 @@ def test_every_streamed_delta_after_the_first_has_text(client):
     assert chunks[0].choices[0].delta.role == "assistant"
     assert all(isinstance(c.choices[0].delta.content, str) for c in chunks[1:])
     assert chunks[-1].choices[0].finish_reason is not None
+
+
+@pytest.mark.parametrize("seed", [-(2**63) - 1, 2**63])
+def test_seed_outside_64_bits_is_400_naming_the_bound(client, seed):
+    """vLLM test_long_seed: a seed outside a signed 64-bit integer is a 400 whose message carries pydantic's
+    error type (greater_than_equal / less_than_equal), not a request that runs."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=2, seed=seed)
+    kind = "greater_than_equal" if seed < 0 else "less_than_equal"
+    assert kind in caught.value.message and caught.value.body["param"] == "seed"
+    assert caught.value.body["code"] == kind
+
+
+ECHO_PREFILL = [{"role": "user", "content": "tell me a common saying"},
+                {"role": "assistant", "content": "An apple a day, keeps"}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_puts_the_prefill_before_the_answer(client, stream):
+    """vLLM test_chat_echo: with echo, the trailing assistant message being continued comes first in the
+    content (streamed: in the first delta); without it, only the continuation."""
+    extra = {"continue_final_message": True, "add_generation_prompt": False, "ignore_eos": True}
+
+    def content(echo: bool) -> str:
+        args = dict(model="demo", messages=ECHO_PREFILL, max_tokens=5, temperature=0,
+                    extra_body=extra | {"echo": echo})
+        if not stream:
+            return client.chat.completions.create(**args).choices[0].message.content
+        return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**args, stream=True))
+
+    plain, echoed = content(False), content(True)
+    assert echoed == "An apple a day, keeps" + plain and "An apple a day" not in plain
+
+
+def test_echo_without_a_trailing_assistant_message_adds_nothing(client):
+    """vLLM: echo repeats only an assistant message the answer continues; after a user turn it adds nothing."""
+    args = dict(model="demo", messages=MESSAGES, max_tokens=4, temperature=0)
+    plain = client.chat.completions.create(**args).choices[0].message.content
+    assert client.chat.completions.create(**args, extra_body={"echo": True}).choices[0].message.content == plain
+
+
+def test_return_tokens_as_token_ids(client):
+    """vLLM return_tokens_as_token_ids: each logprobs token (and alternative) is spelled `token_id:N`, N the
+    id in token_ids (bytes those of the spelling)."""
+    done = client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=4, temperature=0,
+                                          logprobs=True, top_logprobs=2,
+                                          extra_body={"return_tokens_as_token_ids": True, "return_token_ids": True})
+    content = done.choices[0].logprobs.content
+    assert [t.token for t in content] == [f"token_id:{i}" for i in done.choices[0].token_ids]
+    assert all(bytes(t.bytes).decode() == t.token for t in content)
+    assert all(alt.token.startswith("token_id:") for t in content for alt in t.top_logprobs)
+
+
+TOOL_WITH_DEFS = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                     "options": {"$ref": "#/$defs/Options"}},
+    "required": ["city", "options"],
+    "$defs": {"Options": {"type": "object", "additionalProperties": False, "required": ["unit"],
+                          "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}}}}}}
+
+
+def test_required_tool_choice_with_schema_defs(client):
+    """vLLM test_function_tool_use (tool_choice required): parameters that reference their own `$defs` are
+    followed (the forced grammar keeps the references working) and come back as a parsed call."""
+    done = client.chat.completions.create(model="demo", messages=MESSAGES, tools=[TOOL_WITH_DEFS],
+                                          tool_choice="required", parallel_tool_calls=False, max_tokens=300,
+                                          temperature=0)
+    assert done.choices[0].finish_reason == "tool_calls", done.choices[0]
+    [call] = done.choices[0].message.tool_calls
+    arguments = json.loads(call.function.arguments)
+    assert call.function.name == "get_weather" and arguments["options"]["unit"] in ("celsius", "fahrenheit")
+
+
+@pytest.mark.parametrize("tools, tool_choice, words", [
+    ([TOOL_WITH_DEFS], {"type": "function", "function": {"name": "nonexistent_function"}},
+     "Tool 'nonexistent_function' not found in tools list"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "unknown_type"}}}}}], "required", "invalid 'parameters' schema"),
+])
+def test_tool_errors_in_sglangs_words(client, tools, tool_choice, words):
+    """SGLang test_tool_choice: an unknown named function and a forced choice over a parameters schema that
+    cannot be followed are 400s whose messages hold SGLang's words."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="demo", messages=MESSAGES, tools=tools, tool_choice=tool_choice,
+                                       max_tokens=4)
+    assert words in caught.value.message and caught.value.body["param"] == "tool_choice"
+
+
+def test_token_id_fields_are_null_unless_asked(client):
+    """vLLM test_chat_completion_with_tool_use: a chat answer always has `prompt_token_ids` and each choice
+    `token_ids` (null without return_token_ids), so clients read them as attributes."""
+    plain = client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=2)
+    assert plain.prompt_token_ids is None and plain.choices[0].token_ids is None
+    asked = client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=2,
+                                           extra_body={"return_token_ids": True})
+    assert asked.prompt_token_ids and len(asked.choices[0].token_ids) == asked.usage.completion_tokens
+
+
+def test_a_role_the_template_knows_is_passed_to_it(client, http):
+    """vLLM test_custom_role: a role outside OpenAI's goes to the chat template as it is (text and text parts
+    alike); a template that renders it answers, the demo's Qwen3-like one shows it as a turn of that role."""
+    args = dict(model="demo", max_tokens=4, temperature=0)
+    as_text = client.chat.completions.create(messages=[{"role": "my-custom-role", "content": "what is 1+1?"}], **args)
+    as_parts = client.chat.completions.create(messages=[{"role": "my-custom-role", "content": [
+        {"type": "text", "text": "what is 1+1?"}]}], **args)
+    assert as_text.choices[0].message.content == as_parts.choices[0].message.content
+    tokens = http.post("/tokenize", json={"messages": [{"role": "my-custom-role", "content": "hi"}]}).json()["tokens"]
+    assert "my-custom-role" in http.post("/detokenize", json={"tokens": tokens}).json()["prompt"]

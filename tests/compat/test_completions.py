@@ -292,3 +292,22 @@ def test_echo_logprobs_and_prompt_logprobs_keep_their_own_counts(client):
     choice = done.choices[0]
     assert all(len(position) <= 2 for position in choice.prompt_logprobs[1:])
     assert all(3 <= len(top) <= 4 for top in choice.logprobs.top_logprobs[1:])
+
+
+def test_out_of_vocabulary_prompt_is_400_saying_so(client):
+    """vLLM test_out_of_vocab_token_ids: a token id past the vocabulary is a 400 that says "out of vocabulary"."""
+    with pytest.raises(openai.BadRequestError, match="out of vocabulary"):
+        client.completions.create(model="demo", prompt=[999999], max_tokens=5, temperature=0.0)
+
+
+def test_return_tokens_as_token_ids_with_echo(client):
+    """vLLM test_comparison_with_prompt_logprobs_and_logprobs: with return_tokens_as_token_ids, logprobs
+    tokens are `token_id:N`; with echo they are the prompt's ids then the output's (text_offset still counts
+    characters of the text)."""
+    done = client.completions.create(model="demo", prompt=PROMPT, max_tokens=4, temperature=0, echo=True, logprobs=1,
+                                     extra_body={"return_token_ids": True, "return_tokens_as_token_ids": True})
+    choice = done.choices[0]
+    ids = choice.prompt_token_ids + choice.token_ids
+    assert choice.logprobs.tokens == [f"token_id:{i}" for i in ids]
+    assert all(key.startswith("token_id:") for top in choice.logprobs.top_logprobs[1:] for key in top)
+    assert choice.logprobs.text_offset[len(choice.prompt_token_ids)] == len(PROMPT)

@@ -98,3 +98,34 @@ def test_grammar_backend_spellings():
         assert parse_args(["--demo", flag, "xgrammar"]).engine.model == "demo"
         with pytest.raises(SystemExit):
             parse_args(["--demo", flag, "outlines"])
+
+
+def test_dtype_and_tool_flags_as_vllm_spells_them():
+    """vLLM's launch commands: --dtype half / float, and --enable-auto-tool-choice (with its parser; without
+    one, a usage error as in vLLM)."""
+    assert parse_args(["--demo", "--dtype", "half"]).engine.dtype == "float16"
+    assert parse_args(["--demo", "--dtype", "float"]).engine.dtype == "float32"
+    assert parse_args(["--demo", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]).tool_call_parser
+    with pytest.raises(SystemExit):
+        parse_args(["--demo", "--enable-auto-tool-choice"])
+
+
+@pytest.fixture(scope="module")
+def behind_proxy():
+    """vLLM test_root_path: --root-path /llm, and the API key from VLLM_API_KEY (no --api-key)."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("VLLM_API_KEY", "abc-123")
+        srv = Server("--demo", "--root-path", "/llm")
+    yield srv
+    assert srv.stop() == 0
+
+
+@pytest.mark.parametrize("prefix", ["", "/llm"])
+def test_root_path_and_api_key_from_vllm_env(behind_proxy, prefix):
+    """Routes answer with and without the root path; the key read from VLLM_API_KEY is required on both,
+    and /health stays open (probes carry no key)."""
+    url = f"{behind_proxy.url}{prefix}"
+    assert httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer abc"}).status_code == 401
+    models = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer abc-123"})
+    assert models.status_code == 200 and models.json()["data"][0]["id"] == "demo"
+    assert httpx.get(f"{url}/health").status_code == 200

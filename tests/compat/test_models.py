@@ -57,3 +57,4 @@ def test_load_counts_what_is_in_flight(http):
         assert [line for line in lines if line][-1] == "data: [DONE]"  # read to its end: the request is over
     assert during == 1
     assert http.get("/load").json() == {"server_load": 0}
+

@@ -4,6 +4,8 @@
   `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, with ordinary text around them.
 - `llama3`: Llama 3.1/3.2 write the whole answer as `{"name": ..., "parameters": {...}}` (several joined
   by `;`, optionally after `<|python_tag|>`), or plain text.
+- `mistral`: Mistral 7B v0.3 writes text, then `[TOOL_CALLS]` and one JSON array of
+  `{"name": ..., "arguments": {...}}`.
 
 A parser is fed text deltas and returns what can be shown now as content, plus the calls completed so
 far; text that may still turn out to be part of a call is held back. A block that does not hold a valid
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from minisgl.server.parsers.markers import scan
 
@@ -113,6 +116,33 @@ class Llama3JsonParser:
         return Parsed(calls=calls) if calls else Parsed(rest)
 
 
+class MistralParser:
+    """Text, then `[TOOL_CALLS]` and a JSON array of calls to the end of the output."""
+
+    TAG = "[TOOL_CALLS]"
+
+    def __init__(self) -> None:
+        self.buffer, self.inside = "", False
+
+    def feed(self, text: str) -> Parsed:
+        if self.inside:
+            self.buffer += text
+            return Parsed()
+        before, self.buffer, self.inside = scan(self.buffer + text, self.TAG)
+        return Parsed(before)
+
+    def finish(self) -> Parsed:
+        rest, self.buffer = self.buffer, ""
+        if not self.inside:
+            return Parsed(rest)
+        try:
+            value = json.loads(rest)
+        except ValueError:
+            value = None
+        calls = [call_from(item, ("arguments",)) for item in value] if isinstance(value, list) else []
+        return Parsed(calls=calls) if calls and None not in calls else Parsed(self.TAG + rest)
+
+
 def parse_json_calls(text: str) -> list[ToolCall] | None:
     """`{call}; {call}` (after an optional <|python_tag|>) as calls; None unless the whole text is calls."""
     text = text.strip().removeprefix(Llama3JsonParser.TAG)
@@ -140,9 +170,31 @@ def forced_schema(functions: dict[str, dict], name: str | None, parallel: bool) 
     or for `required` an array of `{"name", "parameters"}` calls to any of them (one or more)."""
     if name is not None:
         return functions[name]
-    calls = [{"type": "object", "properties": {"name": {"const": fn}, "parameters": params},
+    defs: dict[str, Any] = {}
+    calls = [{"type": "object", "properties": {"name": {"const": fn}, "parameters": hoist_defs(fn, params, defs)},
               "required": ["name", "parameters"]} for fn, params in functions.items()]
-    return {"type": "array", "items": {"anyOf": calls}, "minItems": 1} | ({} if parallel else {"maxItems": 1})
+    return ({"type": "array", "items": {"anyOf": calls}, "minItems": 1} | ({} if parallel else {"maxItems": 1})
+            | ({"$defs": defs} if defs else {}))
+
+
+LOCAL_REFS = ("#/$defs/", "#/definitions/")
+
+
+def hoist_defs(fn: str, params: dict, defs: dict[str, Any]) -> dict:
+    """`params` for nesting inside a larger schema: its `$defs` (or `definitions`) move into `defs`, named
+    `fn.X`, and its references follow them; left in place, `#/$defs/X` would point at the outer schema's root."""
+    local = {**params.get("definitions", {}), **params.get("$defs", {})}
+    if not local:
+        return params
+
+    def moved(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {key: (f"#/$defs/{fn}.{value.split('/', 2)[2]}" if key == "$ref" and isinstance(value, str)
+                          and value.startswith(LOCAL_REFS) else moved(value)) for key, value in node.items()}
+        return [moved(item) for item in node] if isinstance(node, list) else node
+
+    defs.update({f"{fn}.{def_name}": moved(schema) for def_name, schema in local.items()})
+    return moved({key: value for key, value in params.items() if key not in ("$defs", "definitions")})
 
 
 def forced_calls(text: str, name: str | None) -> list[ToolCall] | None:
@@ -157,4 +209,5 @@ def forced_calls(text: str, name: str | None) -> list[ToolCall] | None:
     return calls if calls and None not in calls else None
 
 
-TOOL_CALL_PARSERS = {"hermes": HermesParser, "qwen": HermesParser, "qwen25": HermesParser, "llama3": Llama3JsonParser}
+TOOL_CALL_PARSERS = {"hermes": HermesParser, "qwen": HermesParser, "qwen25": HermesParser, "llama3": Llama3JsonParser,
+                     "mistral": MistralParser}

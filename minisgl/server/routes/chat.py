@@ -27,6 +27,7 @@ from minisgl.server.protocol import (
     MAX_LOGPROBS,
     ChatLogprobs,
     Envelope,
+    NonEmptyText,
     PromptLogprobs,
     SamplingFields,
     StrictRequest,
@@ -83,7 +84,9 @@ class MessageToolCall(StrictRequest):
 
 
 class ChatMessage(StrictRequest):
-    role: Literal["system", "user", "assistant", "tool", "developer"]
+    # OpenAI's roles, or another a model's chat template knows (Llama's `ipython`...): passed to the template as
+    # vLLM passes it, which renders it or refuses the messages (a 400).
+    role: Literal["system", "user", "assistant", "tool", "developer"] | NonEmptyText
     content: Text | list[ContentPart] | None = None
     name: Text | None = None
     tool_call_id: Text | None = Field(None, description="tool messages: the call this is the result of")
@@ -170,6 +173,13 @@ class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras):
     parallel_tool_calls: bool = Field(True, description="false: at most one call per choice")
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="extra variables for the chat template, e.g. {\"enable_thinking\": false}")
+    echo: bool = Field(False, description="vLLM's: a last assistant message (a prefill the model continues) is "
+                                          "put before the answer's content")
+
+    def echoed(self) -> str:
+        """What `echo` puts before each choice's content: the last message's text when it is the assistant's."""
+        last = self.messages[-1]
+        return last.text() if self.echo and last.role == "assistant" else ""
 
     def sampling(self) -> tuple[dict[str, Any], dict[str, str]]:
         if self.top_logprobs is not None and not self.logprobs:
@@ -195,7 +205,7 @@ class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras):
             return None
         if isinstance(choice, NamedToolChoice):
             if choice.function.name not in names:
-                raise ApiError(400, f"tool_choice names the function {choice.function.name!r}, which is not in tools",
+                raise ApiError(400, f"Tool {choice.function.name!r} not found in tools list (tool_choice names it)",
                                param="tool_choice")
             return "named", choice.function.name
         return ("required" if choice == "required" else "auto"), None
@@ -262,7 +272,8 @@ class ChatChoice(BaseModel):
     message: ChatResponseMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
-    token_ids: list[int] | None = Field(None, exclude_if=omitted, description="the output's ids (return_token_ids)")
+    token_ids: list[int] | None = Field(None, description="the output's ids (return_token_ids; else null, as vLLM "
+                                                         "has it)")
     matched_stop: str | int | None = Field(None, description="SGLang's: the stop string or stop/EOS token id that "
                                                              "ended a 'stop' choice")
 
@@ -273,7 +284,7 @@ class ChatCompletionResponse(Envelope):
     choices: list[ChatChoice]
     usage: Usage
     prompt_logprobs: PromptLogprobs | None = Field(None, description="vLLM's prompt_logprobs (when asked for)")
-    prompt_token_ids: list[int] | None = Field(None, exclude_if=omitted, description="return_token_ids")
+    prompt_token_ids: list[int] | None = Field(None, description="the prompt's ids (return_token_ids; else null)")
 
 
 class DeltaToolCall(ResponseToolCall):
@@ -326,12 +337,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
         for c in choices:
             parsed = parser(c)
             delta = parsed.feed(c.text) + parsed.finish(c.finish)
+            content = body.echoed() + delta.content
             message = ChatResponseMessage(
-                content=None if delta.calls and not delta.content.strip() else delta.content,
+                content=None if delta.calls and not content.strip() else content,
                 reasoning_content=delta.reasoning or None,
                 tool_calls=[ResponseToolCall.of(call) for call in delta.calls] or None)
+            logprobs = chat_logprobs(c.logprobs, body.return_tokens_as_token_ids) if c.logprobs else None
             answers.append(ChatChoice(index=c.index, message=message, finish_reason=finish_reason(c.finish, parsed),
-                                      logprobs=chat_logprobs(c.logprobs) if c.logprobs else None,
+                                      logprobs=logprobs,
                                       token_ids=c.token_ids if body.return_token_ids else None,
                                       matched_stop=c.matched_stop))
         return ChatCompletionResponse(model=model, usage=usage, choices=answers, **prompt_extras(body, choices[0]))
@@ -364,7 +377,7 @@ async def chunks(state: ServerState, body: ChatCompletionRequest, gen: GenerateR
     continuous = body.continuous_usage
     for c in choices:
         yield ChatCompletionChunk(id=chunk_id, model=model, usage=usage_so_far(c) if continuous else None, choices=[
-            ChatChunkChoice(index=c.index, delta=DeltaMessage(role="assistant", content=""))],
+            ChatChunkChoice(index=c.index, delta=DeltaMessage(role="assistant", content=body.echoed()))],
             prompt_token_ids=c.prompt_ids if body.return_token_ids else None)
     scored: set[int] = set()  # choices whose prompt logprobs went out
     async for choice, out in outputs(state, choices):
@@ -384,7 +397,7 @@ async def chunks(state: ServerState, body: ChatCompletionRequest, gen: GenerateR
             yield ChatCompletionChunk(id=chunk_id, model=model, choices=[ChatChunkChoice(
                 index=choice.index, delta=DeltaMessage(content=delta.content or content_or_nothing(delta, calls),
                                                        reasoning_content=delta.reasoning or None, tool_calls=calls),
-                logprobs=chat_logprobs(out.logprobs) if out.logprobs else None,
+                logprobs=chat_logprobs(out.logprobs, body.return_tokens_as_token_ids) if out.logprobs else None,
                 finish_reason=finish_reason(out.finish_reason, parser),
                 token_ids=out.new_ids if body.return_token_ids else None)],
                 usage=usage_so_far(choice) if continuous else None, prompt_logprobs=prompt_logprobs)

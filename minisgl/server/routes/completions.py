@@ -111,7 +111,8 @@ async def completions(body: CompletionRequest, request: Request,
             answers.append(CompletionChoice(
                 index=c.index, text=text + c.text, finish_reason=c.finish, matched_stop=c.matched_stop,
                 **token_ids(c, body, ids_only, ids, True),
-                logprobs=completion_logprobs(entries + c.logprobs) if body.logprobs is not None else None))
+                logprobs=completion_logprobs(entries + c.logprobs, 0, body.return_tokens_as_token_ids)
+                if body.logprobs is not None else None))
         return CompletionResponse(model=model, usage=usage, choices=answers)
 
     return await respond(request, state, body, batch, len(batch), whole,
@@ -157,7 +158,8 @@ async def chunks(state: ServerState, body: CompletionRequest, gen: GenerateReque
             offset = (len(choice.prompt_text or "") if body.echo else 0) + len(choice.text) - len(out.text) - len(text)
             yield CompletionChunk(id=chunk_id, model=model, choices=[CompletionChoice(
                 index=choice.index, text=text + out.text, finish_reason=out.finish_reason,
-                logprobs=completion_logprobs(entries + out.logprobs, offset) if entries or out.logprobs else None,
+                logprobs=completion_logprobs(entries + out.logprobs, offset, body.return_tokens_as_token_ids)
+                if entries or out.logprobs else None,
                 **token_ids(choice, body, ids_only, ids, first, out.new_ids))],
                 usage=usage_so_far(choice) if body.continuous_usage else None)
     if body.include_usage:

@@ -1,0 +1,40 @@
+"""POST /invocations: one route for a chat or a text completion, told apart by the body (`messages` or
+`prompt`), as vLLM serves it for hosts that call a single path (Amazon SageMaker). The answer, streamed or
+not, is exactly that of /v1/chat/completions or /v1/completions."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from pydantic import ValidationError
+
+from minisgl.server.errors import ApiError, error_responses
+from minisgl.server.routes import chat, completions
+from minisgl.server.state import ServerState, server_state
+
+router = APIRouter()
+
+REQUEST_BODY = {"required": True, "content": {"application/json": {"schema": {"oneOf": [
+    {"$ref": "#/components/schemas/ChatCompletionRequest"}, {"$ref": "#/components/schemas/CompletionRequest"}]}}}}
+
+
+@router.post("/invocations", response_model=None, openapi_extra={"requestBody": REQUEST_BODY},
+             responses={200: {"description": "the chat or text completion (or its event stream)"},
+                        **error_responses(400, 401, 413, 503)})
+async def invocations(request: Request, state: ServerState = Depends(server_state)) -> Response:
+    try:
+        payload = json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"malformed JSON body: {exc}") from None
+    if not isinstance(payload, dict) or ("messages" in payload) == ("prompt" in payload):
+        raise ApiError(400, "the body must be a chat request (with `messages`) or a completion request (with "
+                            "`prompt`), not both")
+    try:
+        if "messages" in payload:
+            return await chat.chat_completions(chat.ChatCompletionRequest.model_validate(payload), request, state)
+        return await completions.completions(completions.CompletionRequest.model_validate(payload), request, state)
+    except ValidationError as exc:  # answered as the two routes answer a bad body
+        raise RequestValidationError(exc.errors()) from None
