@@ -11,7 +11,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import ValidationError
 
-from minisgl.server.errors import ApiError, error_responses
+from minisgl.server.errors import ApiError
+from minisgl.server.generation import generation_responses
 from minisgl.server.routes import chat, completions
 from minisgl.server.state import ServerState, server_state
 
@@ -22,8 +23,8 @@ REQUEST_BODY = {"required": True, "content": {"application/json": {"schema": {"o
 
 
 @router.post("/invocations", response_model=None, openapi_extra={"requestBody": REQUEST_BODY},
-             responses={200: {"description": "the chat or text completion (or its event stream)"},
-                        **error_responses(400, 401, 413, 503)})
+             responses=generation_responses(chat.ChatCompletionResponse | completions.CompletionResponse,
+                                            chat.ChatCompletionChunk, completions.CompletionChunk))
 async def invocations(request: Request, state: ServerState = Depends(server_state)) -> Response:
     try:
         payload = json.loads(await request.body())

@@ -27,8 +27,8 @@ router = APIRouter()
 class TokenizeOptions(StrictRequest):
     """vLLM's options of both shapes."""
 
-    model: Text | None = Field(None, json_schema_extra={SERVED_MODEL_MARK: True},
-                               description="optional; when given, the served model (else 404)")
+    model: Text = Field(None, json_schema_extra={SERVED_MODEL_MARK: True},
+                        description="optional (null refused); when given, the served model (else 404)")
     add_special_tokens: bool = Field(False, description="add the tokenizer's special tokens (a BOS); default "
                                      "false, as the generation routes run prompts (vLLM: true for a prompt)")
     return_token_strs: bool = Field(False, description="also each token as the tokenizer spells it")
@@ -71,15 +71,15 @@ class TokenizeResponse(BaseModel):
 
 class DetokenizeRequest(StrictRequest):
     tokens: list[TokenId]
-    model: Text | None = Field(None, json_schema_extra={SERVED_MODEL_MARK: True},
-                               description="optional; when given, the served model (else 404)")
+    model: Text = Field(None, json_schema_extra={SERVED_MODEL_MARK: True},
+                        description="optional (null refused); when given, the served model (else 404)")
 
 
 class DetokenizeResponse(BaseModel):
     prompt: str
 
 
-@router.post("/tokenize", response_model=TokenizeResponse, responses=error_responses(400, 401, 413, 503))
+@router.post("/tokenize", response_model=TokenizeResponse, responses=error_responses(400, 401, 404, 413, 503))
 async def tokenize(body: TokenizeRequest, state: ServerState = Depends(server_state)) -> TokenizeResponse:
     state.check_serving()
     state.check_model(body.model)
@@ -100,7 +100,8 @@ async def tokenize(body: TokenizeRequest, state: ServerState = Depends(server_st
     return TokenizeResponse(tokens=ids, count=count, max_model_len=limits.max_seq_len, token_strs=strs)
 
 
-@router.post("/detokenize", response_model=DetokenizeResponse, responses=error_responses(400, 401, 413, 503))
+@router.post("/detokenize", response_model=DetokenizeResponse,
+             responses=error_responses(400, 401, 404, 413, 503))
 async def detokenize(body: DetokenizeRequest, state: ServerState = Depends(server_state)) -> DetokenizeResponse:
     state.check_serving()
     state.check_model(body.model)
