@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from typing import Any, AsyncIterator, Callable
+from typing import AsyncIterator, Callable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -149,13 +149,12 @@ def usage_so_far(choice: Choice) -> Usage:
                  prompt_tokens_details=PromptTokensDetails(cached_tokens=choice.seq.cached_tokens))
 
 
-def generation_responses(whole: Any, *chunks: type[BaseModel]) -> dict:
-    """A generation route's `responses=` for openapi.json: 200 is the whole response (a model, or a union of
-    them) as JSON or, with stream: true, server-sent events whose `data` is a chunk (of one of `chunks`) or an
-    error as JSON, or `[DONE]` (api.py adds the chunks' schemas to the components); then the errors it may
-    answer."""
-    payload = {"anyOf": [{"$ref": f"#/components/schemas/{chunk.__name__}"} for chunk in chunks] +
-                        [{"$ref": "#/components/schemas/ErrorResponse"}]}
+def generation_responses(whole: type[BaseModel], chunk: type[BaseModel]) -> dict:
+    """A generation route's `responses=` for openapi.json: 200 is the whole response as JSON or, with
+    stream: true, server-sent events whose `data` is a chunk or an error as JSON, or `[DONE]` (api.py
+    adds the chunk's schema to the components); then the errors it may answer."""
+    payload = {"anyOf": [{"$ref": f"#/components/schemas/{chunk.__name__}"},
+                         {"$ref": "#/components/schemas/ErrorResponse"}]}
     event = {"type": "object", "required": ["data"], "properties": {"data": {"anyOf": [
         {"const": "[DONE]"}, {"type": "string", "contentMediaType": "application/json", "contentSchema": payload}]}}}
     return {200: {"model": whole, "content": {"text/event-stream": {"schema": event}}},
