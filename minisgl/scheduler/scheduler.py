@@ -222,7 +222,7 @@ class Scheduler:
         return self.constrained and any(batch.reqs[i].params.constraint is not None for i in batch.sampled)
 
     def _bitmask(self, batch: Batch) -> torch.Tensor | None:
-        """The grammars' masks for the batch's sampled requests, None when none of them has a grammar (left)."""
+        """The grammars' masks for the batch's sampled requests; None when none of them has a matcher left."""
         return self.grammars.bitmask([batch.reqs[i].rid for i in batch.sampled]) if self.constrained else None
 
     def _prefill_batch(self) -> Batch | None:

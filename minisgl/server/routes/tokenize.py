@@ -24,11 +24,16 @@ from minisgl.server.text import Conversation
 router = APIRouter()
 
 
-class TokenizeOptions(StrictRequest):
-    """vLLM's options of both shapes."""
+class ModelOption(StrictRequest):
+    """vLLM's optional `model` of /tokenize and /detokenize."""
 
     model: Text = Field(None, json_schema_extra={SERVED_MODEL_MARK: True},
                         description="optional (null refused); when given, the served model (else 404)")
+
+
+class TokenizeOptions(ModelOption):
+    """vLLM's options of both shapes."""
+
     add_special_tokens: bool = Field(False, description="add the tokenizer's special tokens (a BOS); default "
                                      "false, as the generation routes run prompts (vLLM: true for a prompt)")
     return_token_strs: bool = Field(False, description="also each token as the tokenizer spells it")
@@ -69,10 +74,8 @@ class TokenizeResponse(BaseModel):
     token_strs: list[str] | None = Field(None, description="with return_token_strs (else null, as vLLM has it)")
 
 
-class DetokenizeRequest(StrictRequest):
+class DetokenizeRequest(ModelOption):
     tokens: list[TokenId]
-    model: Text = Field(None, json_schema_extra={SERVED_MODEL_MARK: True},
-                        description="optional (null refused); when given, the served model (else 404)")
 
 
 class DetokenizeResponse(BaseModel):
