@@ -7,6 +7,7 @@
 #   WORKLOAD "structured" runs benchmarks/structured.py (W1 with and without a JSON schema) instead.
 #
 # STACKS_AFTER=S dumps every process's Python stacks after S seconds (hangs).
+# BENCH_TIMEOUT=S bounds each benchmark (default 420 s).
 # READY_MODEL=NAME also starts a server on .bench_models/NAME.json (dummy weights) and logs its time to ready.
 # TESTS=subset (default: the fast-path subset, under 4 minutes on one H200) | all | none.
 # Carry .bench_models (a copy of ../shared/models) for benchmarks and .whl (prepare-wheels.sh, plus xgrammar,
@@ -66,9 +67,9 @@ fi
 for spec in "$@"; do
   IFS=: read -r model workload flags <<< "$spec"
   if [ "$workload" = structured ]; then
-    timeout 420 python3 benchmarks/structured.py --config ".bench_models/$model.json" >> "$out/bench.log" 2>&1
+    timeout "${BENCH_TIMEOUT:-420}" python3 benchmarks/structured.py --config ".bench_models/$model.json" >> "$out/bench.log" 2>&1
   else
-    timeout 420 python3 benchmarks/offline.py --config ".bench_models/$model.json" --workload "$workload" \
+    timeout "${BENCH_TIMEOUT:-420}" python3 benchmarks/offline.py --config ".bench_models/$model.json" --workload "$workload" \
       ${flags//,/ } >> "$out/bench.log" 2>&1
   fi
   tail -1 "$out/bench.log" | grep '^{' >> "$out/bench.jsonl" || echo "{\"model\": \"$model\", \"workload\": \

@@ -1,6 +1,6 @@
 """TP=2 against TP=1 on dummy weights (two GPUs): the same model, so the same greedy tokens.
 
-    python benchmarks/tp_greedy.py .bench_models/qwen3-0.6b.json .bench_models/qwen3-30b-a3b.json [--tp-graphs]
+    python benchmarks/tp_greedy.py .bench_models/qwen3-0.6b.json .bench_models/qwen3-30b-a3b.json
 
 Dummy weights are drawn per checkpoint tensor from a seed of its name and sliced like a real checkpoint,
 so a TP=2 engine is the TP=1 model. Each phase (one engine: a model at TP=1 or TP=2, or the death check)
@@ -129,7 +129,7 @@ def run_phase(args: argparse.Namespace, config: str, phase: str, tp: int, log_di
     cmd = [sys.executable, __file__, config, "--phase", phase, "--tp", str(tp), "--out", str(out),
            "--device", args.device, "--dtype", args.dtype, "--tokens", str(args.tokens),
            "--cuda-graph-max-bs", str(args.cuda_graph_max_bs)]
-    env = {**NCCL_ENV, **os.environ, **({"MINISGL_TP_CUDA_GRAPHS": "1"} if args.tp_graphs else {})}
+    env = {**NCCL_ENV, **os.environ}
     start = time.perf_counter()
     with open(log, "w") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -191,8 +191,6 @@ def main() -> None:
     parser.add_argument("--near-tie", type=float, default=0.05, help="nats: closer top-2 tokens may flip")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per phase before it is killed")
     parser.add_argument("--cuda-graph-max-bs", type=int, default=8, help="0: no CUDA graphs")
-    parser.add_argument("--tp-graphs", action="store_true",
-                        help="CUDA graphs at TP=2 as well (MINISGL_TP_CUDA_GRAPHS=1; off by default)")
     parser.add_argument("--death", action="store_true", help="also kill rank 1 mid-generation (first config)")
     parser.add_argument("--device", default="cuda", help="cuda; cpu (gloo) for a smoke test of this script")
     parser.add_argument("--dtype", default="bfloat16")
@@ -212,7 +210,7 @@ def main() -> None:
     if args.death:
         reports["death"] = check_death(args, args.configs[0], log_dir)
     verdict = "PASS" if all(r["ok"] for r in reports.values()) else "FAIL"
-    print(json.dumps({"tp_greedy": verdict, "tp_graphs": args.tp_graphs, "near_tie": args.near_tie,
+    print(json.dumps({"tp_greedy": verdict, "cuda_graph_max_bs": args.cuda_graph_max_bs, "near_tie": args.near_tie,
                       "logs": str(log_dir), **reports}), flush=True)
     sys.exit(verdict != "PASS")
 

@@ -109,7 +109,7 @@ class LLM:
         # A follower dying is the cause, not the broken pipe rank 0 saw: give the watcher a moment to see it.
         self._stopped = self._followers.death_within(1.0) or f"{type(exc).__name__}: {exc}"
         self._followers.stop()
-        self._tp.destroy()
+        self.engine.close()
         self._closed = True
 
     def _make_req(self, prompt: str | list[int], params: SamplingParams) -> Req:
@@ -141,7 +141,7 @@ class LLM:
             self._followers.stopping.set()  # their exits are expected now
             self.scheduler.tick([Shutdown()])
             self._followers.stop(grace=30)
-            self._tp.destroy()
+            self.engine.close()
 
     def __enter__(self) -> "LLM":
         return self

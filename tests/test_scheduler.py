@@ -136,7 +136,7 @@ def test_warm_up_leaves_no_trace(tiny_models):
         assert [o.token_ids for o in warm.generate(prompts, params)] == [o.token_ids for o in want]
 
 
-def test_warm_up_empties_every_ranks_cache(tiny_models):
+def test_tp2_warm_up_empties_every_ranks_cache(tiny_models):
     """With TP=2 the followers' prefix caches are emptied too: a prompt that starts like the warm-up's would
     otherwise hit on rank 1 and not on rank 0, and the ranks would run different batches."""
     prompt = [list(range(30))]

@@ -62,6 +62,14 @@ class DecodeGraphs:
         logger.info("captured %d decode CUDA graphs (batch 1..%d) in %.1f s, %.0f MiB", len(self.buckets), max_bs,
                     self.capture_seconds, self.memory_bytes / 2**20)
 
+    def release(self) -> None:
+        """Destroy the graphs now, whoever still refers to this object: under tensor parallelism NCCL's
+        communicator cannot be destroyed while a graph that captured one of its collectives lives."""
+        for graph in self.graphs.values():
+            graph.reset()
+        self.graphs.clear()
+        self.outputs.clear()
+
     def replay(self, rows: list[int], kv_lens: list[int]) -> torch.Tensor:
         """Logits [len(rows), V] of one decode step; the view is overwritten by the next replay."""
         bs = len(rows)

@@ -12,7 +12,6 @@ read those and filled the masks, while the device ran the forward pass.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 
@@ -30,7 +29,6 @@ from minisgl.models import load_model, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
-TP_GRAPHS_ENV = "MINISGL_TP_CUDA_GRAPHS"  # "1": capture decode graphs with tensor parallelism too (experimental)
 CPU_KV_BUDGET = 256 << 20  # bytes of KV pool on a CPU when num_pages is not given
 PROMPT_SCORE_ROWS = 256  # prompt positions scored at once: bounds the [rows, vocab] float32 logits
 
@@ -115,13 +113,6 @@ class Engine:
         self.page_size = args.page_size
         prefill_name, decode_name = backend_names(args.attention_backend, device)
         graph_bs = min(args.cuda_graph_max_bs, args.max_running_requests) if device.type == "cuda" else 0
-        if graph_bs and tp.size > 1 and os.environ.get(TP_GRAPHS_ENV) != "1":
-            # Capturing NCCL collectives is supported (the communicator exists from the start, a warm-up
-            # step precedes each capture, every rank captures the same buckets in the same order), but it
-            # has not been checked on GPUs yet: until it is, TP decodes eagerly unless asked.
-            logger.warning("CUDA graphs are off with tensor parallelism (eager decode); %s=1 turns them on",
-                           TP_GRAPHS_ENV)
-            graph_bs = 0
         self.num_pages = args.num_pages or self._pages_from_memory(attn.kv_heads, config.head_dim, graph_bs)
         self.pool = KVPool(config.num_layers, self.num_pages, args.page_size, attn.kv_heads, config.head_dim,
                            config.dtype, device)
@@ -143,6 +134,15 @@ class Engine:
             if tp.size > 1:  # start together: a rank still loading must not hold the others inside a collective
                 dist.barrier(group=tp.cpu_group)
             self.graphs = DecodeGraphs(self._decode_logits, graph_bs, self.pad_row, device)
+
+    def close(self) -> None:
+        """Leave the tensor-parallel group, after the decode graphs: destroying an NCCL communicator waits
+        until every graph that captured one of its collectives is gone, so graphs still alive then hang the
+        rank's exit for ever."""
+        if self.graphs is not None:
+            self.graphs.release()
+            self.graphs = None
+        self.tp.destroy()
 
     def _pages_from_memory(self, kv_heads: int, head_dim: int, graph_bs: int) -> int:
         """Fill what `memory_ratio` of the device leaves after the weights and a reserve for the CUDA

@@ -26,7 +26,7 @@ def follow(scheduler: Scheduler) -> None:
     while not scheduler.shutdown:
         scheduler.tick(None)
         scheduler.finished.clear()  # rank 0 reports results
-    scheduler.tp.destroy()
+    scheduler.engine.close()
 
 
 def run_follower(rank: int, size: int, port: int, args: EngineArgs) -> None:

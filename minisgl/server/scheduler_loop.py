@@ -30,6 +30,7 @@ def run_scheduler(rank: int, size: int, port: int, args: EngineArgs, ipc: IpcPat
                 if graphs else "off")
     if rank == 0:
         SchedulerServer(scheduler, ipc).run()
+        engine.close()
     else:
         follow(scheduler)
 
