@@ -31,11 +31,11 @@ DECODE_SHAPES = sorted(CONFIGS) if ON_GPU else [(96, 1024)]
 
 
 def operands(m: int, n: int, k: int, dtype: torch.dtype, bias: bool, seed: int = 0):
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=gen)
-    w = torch.randn(n, k, generator=gen) / k**0.5
-    b = torch.randn(n, generator=gen) if bias else None
-    return [t.to(DEVICE, dtype) if t is not None else None for t in (x, w, b)]
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    x = torch.randn(m, k, generator=gen, device=DEVICE)
+    w = torch.randn(n, k, generator=gen, device=DEVICE) / k**0.5
+    b = torch.randn(n, generator=gen, device=DEVICE) if bias else None
+    return [t.to(dtype) if t is not None else None for t in (x, w, b)]
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
