@@ -88,10 +88,11 @@ def sweep(shape: Shape, replays: int) -> tuple[GemvConfig, dict[int, float], dic
 
 
 def config_row(name: str, n: int, k: int, config: GemvConfig, times: dict[int, float], cublas: dict[int, float]) -> str:
-    """A CONFIGS row, commented out where F.linear was faster (use_gemv routes only the rows kept)."""
+    """A CONFIGS row under a comment with its times, commented out itself where F.linear was faster (use_gemv
+    routes only the rows kept)."""
     figures = ", ".join(f"M={m} {times[m]:.1f} vs {cublas[m]:.1f} us" for m in SWEEP_M)
     keep = sum(times.values()) < sum(cublas.values())
-    return f"    {'' if keep else '# '}({n}, {k}): {config!r},  # {name}: {figures} (F.linear)"
+    return f"    # {name}: {figures} (gemv vs F.linear)\n    {'' if keep else '# '}({n}, {k}): {config!r},"
 
 
 def main() -> None:
