@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 import triton
 from ops import MODELS, Dims, time_per_call
+from triton.runtime.errors import OutOfResources
 
 from minisgl.kernels.gemv import CONFIGS, GemvConfig, default_config, gemv
 
@@ -81,7 +82,10 @@ def sweep(shape: Shape, replays: int) -> tuple[GemvConfig, dict[int, float], dic
     """The candidate with the least total time over SWEEP_M; its times and F.linear's per M."""
     timed = []
     for config in candidates(shape.n, shape.k):
-        times = {m: shape.time(m, lambda x, w, c=config: gemv(x, w, None, c), replays) for m in SWEEP_M}
+        try:
+            times = {m: shape.time(m, lambda x, w, c=config: gemv(x, w, None, c), replays) for m in SWEEP_M}
+        except OutOfResources:  # a tile and pipeline depth over the SM's shared memory: not a candidate here
+            continue
         timed.append((sum(times.values()), config, times))
     _, best, best_times = min(timed, key=lambda row: row[0])
     return best, best_times, {m: shape.time(m, F.linear, replays) for m in SWEEP_M}
