@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl.distributed import TPGroup
-from minisgl.layers.linear import check_shape
+from minisgl.layers.linear import check_shape, linear
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -41,5 +41,5 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Logits over the full vocabulary; shares its weight with the embedding when tied."""
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.tp.all_gather(F.linear(hidden, self.weight))
+        logits = self.tp.all_gather(linear(hidden, self.weight))
         return logits[..., : self.vocab_size]

@@ -2,6 +2,8 @@
 
 Each parameter carries a `weight_loader(param, tensor, shard_id)` that copies this rank's slice of a
 full checkpoint tensor into place; merged layers (QKV, gate/up) take one checkpoint tensor per shard_id.
+All of them (and the LM head) multiply through `linear`, which sends decode-sized batches on a GPU to
+the split-K GEMV kernel.
 """
 
 from __future__ import annotations
@@ -11,6 +13,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl.distributed import TPGroup
+from minisgl.kernels import TRITON_AVAILABLE, use_triton
+
+if TRITON_AVAILABLE:
+    from minisgl.kernels.gemv import gemv, use_gemv
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, or on a GPU the split-K GEMV kernel where it was measured faster: a few rows of x (a decode
+    batch) and a weight shape with a row in its config table. Elsewhere F.linear, the kernel's reference."""
+    if use_triton(x) and x.dim() == 2 and x.dtype == weight.dtype and use_gemv(x.shape[0], *weight.shape):
+        return gemv(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 class ColumnParallelLinear(nn.Module):
@@ -41,7 +55,7 @@ class ColumnParallelLinear(nn.Module):
         check_shape(param, loaded.narrow(0, start, length), param.data.narrow(0, offset, length))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -86,7 +100,7 @@ class RowParallelLinear(nn.Module):
         check_shape(param, loaded.narrow(1, self.tp.rank * self.local_in, self.local_in), param.data)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(F.linear(x, self.weight))
+        y = self.tp.all_reduce(linear(x, self.weight))
         return y + self.bias if self.bias is not None else y
 
 
