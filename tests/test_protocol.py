@@ -77,7 +77,7 @@ def test_chat_schema_errors_name_the_field():
 def test_unknown_fields_are_refused_by_name():
     assert refused_field(chat, service_tier="auto") == "service_tier"
     assert refused_field(completion, suffix="x") == "suffix"
-    assert refused_field(chat, messages=[{"role": "user", "content": "hi", "refusal": None}]) == "messages"
+    assert refused_field(chat, messages=[{"role": "user", "content": "hi", "extra_field": "0"}]) == "messages"
     assert refused_field(chat, stream_options={"include_usage": True, "include_obfuscation": False}) == \
         "stream_options"
 
@@ -187,11 +187,14 @@ def test_chat_response_shape():
     resp = ChatCompletionResponse(model="m", usage=usage(), choices=[
         ChatChoice(index=0, message=ChatResponseMessage(content="hello"), finish_reason="stop")])
     body = json.loads(resp.model_dump_json())
-    assert list(body) == ["id", "object", "created", "model", "choices", "usage", "prompt_logprobs",
-                          "prompt_token_ids"]  # + vLLM's
+    assert list(body) == ["id", "object", "created", "model", "choices", "usage", "service_tier",
+                          "system_fingerprint", "metadata", "moderation",  # OpenAI's, null here
+                          "prompt_logprobs", "prompt_token_ids"]  # + vLLM's
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
     assert isinstance(body["created"], int)
-    assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "hello"},
+    assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "hello", "refusal": None,
+                                                        "annotations": None, "audio": None, "function_call": None,
+                                                        "tool_calls": None},
                                 "logprobs": None, "finish_reason": "stop", "token_ids": None,  # + vLLM's
                                 "matched_stop": None}]  # + SGLang's
     assert body["usage"]["total_tokens"] == 10
@@ -217,7 +220,7 @@ def test_completion_shapes():
     resp = CompletionResponse(model="m", usage=usage(), choices=[
         CompletionChoice(index=0, text="abc", finish_reason="length")])
     body = json.loads(resp.model_dump_json())
-    assert list(body) == ["id", "object", "created", "model", "choices", "usage"]
+    assert list(body) == ["id", "object", "created", "model", "choices", "usage", "system_fingerprint"]
     assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
     assert body["choices"] == [{"index": 0, "text": "abc", "logprobs": None, "finish_reason": "length",
                                 "prompt_logprobs": None, "matched_stop": None}]  # + vLLM's and SGLang's

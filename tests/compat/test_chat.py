@@ -329,3 +329,30 @@ def test_a_role_the_template_knows_is_passed_to_it(client, http):
     assert as_text.choices[0].message.content == as_parts.choices[0].message.content
     tokens = http.post("/tokenize", json={"messages": [{"role": "my-custom-role", "content": "hi"}]}).json()["tokens"]
     assert "my-custom-role" in http.post("/detokenize", json={"tokens": tokens}).json()["prompt"]
+
+
+def test_answer_has_every_field_the_client_declares(client, http):
+    """vLLM test_invocations: the keys of the client's `model_dump()` (every field it declares, null when
+    empty) are the raw answer's keys, message and choice alike, so the two compare equal."""
+    args = dict(model="demo", messages=MESSAGES, max_completion_tokens=3, temperature=0.0)
+    dumped = client.chat.completions.create(**args).model_dump()
+    raw = http.post("/v1/chat/completions", json=args).json()
+    assert dumped.keys() == raw.keys()
+    assert dumped["choices"][0].keys() == raw["choices"][0].keys()
+    assert dumped["choices"][0]["message"] == raw["choices"][0]["message"]
+    assert raw["choices"][0]["message"]["refusal"] is None and raw["system_fingerprint"] is None
+
+
+def test_an_answer_sent_back_as_it_came_continues_the_conversation(client):
+    """OpenAI's client sends an answer's message back with every field it had (`refusal`, `annotations`...
+    as null): the next turn is served. vLLM's `reasoning` / `reasoning_content` of an earlier turn goes to
+    the template; a non-null output-only field such as `refusal` is refused, naming `messages`."""
+    first = client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=3)
+    follow_up = [*MESSAGES, first.choices[0].message, {"role": "user", "content": "And of Germany?"}]
+    assert client.chat.completions.create(model="demo", messages=follow_up, max_tokens=3).choices[0].message.content
+    thought = {"role": "assistant", "content": "Paris.", "reasoning_content": "France's capital"}
+    assert client.chat.completions.create(model="demo", messages=[*MESSAGES, thought], max_tokens=2).choices
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="demo", max_tokens=2, messages=[
+            *MESSAGES, {"role": "assistant", "content": "no", "refusal": "I won't"}])
+    assert caught.value.body["param"] == "messages"

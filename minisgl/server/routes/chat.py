@@ -3,7 +3,7 @@
 Tools: the chat template renders `tools`; with tool_choice `auto` the server's --tool-call-parser finds
 the calls the model writes, `required` and a named function force them through a grammar (see
 parsers/tools.py). A choice that ends in calls has `finish_reason: "tool_calls"`. With --reasoning-parser
-the model's `<think>` block becomes `reasoning_content` (parsers/reasoning.py).
+the model's `<think>` block becomes `reasoning_content` (and vLLM's `reasoning`: parsers/reasoning.py).
 """
 
 from __future__ import annotations
@@ -91,6 +91,15 @@ class ChatMessage(StrictRequest):
     name: Text | None = None
     tool_call_id: Text | None = Field(None, description="tool messages: the call this is the result of")
     tool_calls: list[MessageToolCall] | None = Field(None, description="assistant messages: the calls made")
+    reasoning_content: Text | None = Field(None, description="assistant messages: the thinking an earlier answer "
+                                                             "gave (passed to the template, which may render it)")
+    reasoning: Text | None = Field(None, description="vLLM's name for reasoning_content")
+    # An answer's message sent back as it came (the `openai` client sends every field the response had): OpenAI's
+    # output-only fields are taken when null, as the answers carry them; a value is refused (nothing renders it).
+    refusal: None = None
+    annotations: None = None
+    audio: None = None
+    function_call: None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -116,6 +125,8 @@ class ChatMessage(StrictRequest):
             message["tool_call_id"] = self.tool_call_id
         if self.tool_calls:
             message["tool_calls"] = [call.template_form() for call in self.tool_calls]
+        if self.reasoning_content is not None or self.reasoning is not None:
+            message["reasoning_content"] = self.reasoning_content if self.reasoning is None else self.reasoning
         return message
 
 
@@ -260,11 +271,19 @@ class ResponseToolCall(BaseModel):
 
 
 class ChatResponseMessage(BaseModel):
+    """OpenAI's message fields, each present (null when empty), as OpenAI's and vLLM's answers have them: a
+    client comparing an answer's keys with its own model of the message finds them all."""
+
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    refusal: None = None
+    annotations: None = None
+    audio: None = None
+    function_call: None = None
+    tool_calls: list[ResponseToolCall] | None = None
     reasoning_content: str | None = Field(None, exclude_if=omitted,
                                           description="the model's thinking (with --reasoning-parser)")
-    tool_calls: list[ResponseToolCall] | None = Field(None, exclude_if=omitted)
+    reasoning: str | None = Field(None, exclude_if=omitted, description="vLLM's name for reasoning_content")
 
 
 class ChatChoice(BaseModel):
@@ -283,6 +302,11 @@ class ChatCompletionResponse(Envelope):
     object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
     usage: Usage
+    # OpenAI's optional fields this server has nothing for: null, as vLLM answers (see ChatResponseMessage).
+    service_tier: None = None
+    system_fingerprint: None = None
+    metadata: None = None
+    moderation: None = None
     prompt_logprobs: PromptLogprobs | None = Field(None, description="vLLM's prompt_logprobs (when asked for)")
     prompt_token_ids: list[int] | None = Field(None, description="the prompt's ids (return_token_ids; else null)")
 
@@ -299,6 +323,7 @@ class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = Field(None, exclude_if=omitted)
     content: str | None = Field(None, exclude_if=omitted)
     reasoning_content: str | None = Field(None, exclude_if=omitted)
+    reasoning: str | None = Field(None, exclude_if=omitted, description="vLLM's name for reasoning_content")
     tool_calls: list[DeltaToolCall] | None = Field(None, exclude_if=omitted)
 
 
@@ -340,7 +365,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
             content = body.echoed() + delta.content
             message = ChatResponseMessage(
                 content=None if delta.calls and not content.strip() else content,
-                reasoning_content=delta.reasoning or None,
+                reasoning_content=delta.reasoning or None, reasoning=delta.reasoning or None,
                 tool_calls=[ResponseToolCall.of(call) for call in delta.calls] or None)
             logprobs = chat_logprobs(c.logprobs, body.return_tokens_as_token_ids) if c.logprobs else None
             answers.append(ChatChoice(index=c.index, message=message, finish_reason=finish_reason(c.finish, parsed),
@@ -396,7 +421,8 @@ async def chunks(state: ServerState, body: ChatCompletionRequest, gen: GenerateR
                      for i, call in enumerate(delta.calls)] or None
             yield ChatCompletionChunk(id=chunk_id, model=model, choices=[ChatChunkChoice(
                 index=choice.index, delta=DeltaMessage(content=delta.content or content_or_nothing(delta, calls),
-                                                       reasoning_content=delta.reasoning or None, tool_calls=calls),
+                                                       reasoning_content=delta.reasoning or None,
+                                                       reasoning=delta.reasoning or None, tool_calls=calls),
                 logprobs=chat_logprobs(out.logprobs, body.return_tokens_as_token_ids) if out.logprobs else None,
                 finish_reason=finish_reason(out.finish_reason, parser),
                 token_ids=out.new_ids if body.return_token_ids else None)],

@@ -88,6 +88,7 @@ class CompletionResponse(Envelope):
     object: Literal["text_completion"] = "text_completion"
     choices: list[CompletionChoice]
     usage: Usage
+    system_fingerprint: None = None  # OpenAI's, declared by its client: null, as vLLM answers
 
 
 class CompletionChunk(Envelope):
