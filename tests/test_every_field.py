@@ -181,6 +181,15 @@ def parallel_probe(f: Front) -> bool:
     return max(calls(True)) > 1 and set(calls(False)) == {1}
 
 
+THINKING = {"regex": "<think>\nTwo and two[.]\n</think>\n\nIt is 4[.]", "max_tokens": 40}  # a scripted thought
+
+
+def reasoning_deltas(f: Front, **fields) -> int:
+    """How many streamed deltas carry reasoning in a scripted thought."""
+    return sum(bool(c["delta"].get("reasoning_content")) for e in events(f.send(stream=True, **THINKING, **fields))
+               if e != "[DONE]" for c in json.loads(e)["choices"])
+
+
 CHAT_PROBES = shared_probes() | vllm_output_probes() | {
     "messages": lambda f: f.usage(messages=CHAT * 2)[0] > f.usage()[0],
     "max_tokens": lambda f: f.usage(max_tokens=3, ignore_eos=True)[1] == 3,
@@ -200,6 +209,11 @@ CHAT_PROBES = shared_probes() | vllm_output_probes() | {
     < f.usage(messages=PREFILL)[0],
     "echo": lambda f: f.text(messages=PREFILL, continue_final_message=True, echo=True)
     == "Once upon a time" + f.text(messages=PREFILL, continue_final_message=True),
+    "separate_reasoning": lambda f: f.text(**THINKING, separate_reasoning=False).startswith("<think>")
+    and f.text(**THINKING) == "It is 4.",
+    "include_reasoning": lambda f: "reasoning_content" not in f.ok(**THINKING, include_reasoning=False)[
+        "choices"][0]["message"] and "reasoning_content" in f.ok(**THINKING)["choices"][0]["message"],
+    "stream_reasoning": lambda f: reasoning_deltas(f, stream_reasoning=False) == 1 < reasoning_deltas(f),
 }
 
 

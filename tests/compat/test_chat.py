@@ -8,6 +8,7 @@ import json
 import httpx
 import openai
 import pytest
+from server_utils import Server
 
 MESSAGES = [{"role": "system", "content": "You are a helpful AI assistant"},
             {"role": "user", "content": "What is the capital of France?"}]
@@ -356,3 +357,60 @@ def test_an_answer_sent_back_as_it_came_continues_the_conversation(client):
         client.chat.completions.create(model="demo", max_tokens=2, messages=[
             *MESSAGES, {"role": "assistant", "content": "no", "refusal": "I won't"}])
     assert caught.value.body["param"] == "messages"
+
+
+@pytest.fixture(scope="module")
+def thinking_client():
+    """--demo with Qwen3's reasoning parser; outputs scripted by a regex (the random model never thinks)."""
+    srv = Server("--demo", "--reasoning-parser", "qwen3")
+    yield srv.openai_client()
+    assert srv.stop() == 0
+
+
+THOUGHT = {"regex": "<think>\nTwo and two[.]\n</think>\n\nIt is 4[.]"}
+
+
+def reasoning_deltas(client, **extra) -> tuple[list[str], str]:
+    """(each non-empty reasoning delta, the whole content) of a streamed scripted answer."""
+    pieces, content = [], ""
+    for chunk in client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=40, stream=True,
+                                                extra_body=THOUGHT | extra):
+        for c in chunk.choices:
+            pieces += [c.delta.reasoning_content] if getattr(c.delta, "reasoning_content", None) else []
+            content += c.delta.content or ""
+    return pieces, content
+
+
+def test_reasoning_has_vllms_name_too(thinking_client):
+    """vLLM's test_include_reasoning reads `reasoning` (its name now) or `reasoning_content` (SGLang's)."""
+    message = thinking_client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=40,
+                                                      extra_body=THOUGHT).choices[0].message
+    assert message.reasoning == message.reasoning_content == "\nTwo and two.\n" and message.content == "It is 4."
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_include_reasoning_false_drops_the_thinking(thinking_client, stream):
+    """vLLM test_include_reasoning_false_(non_)streaming: no reasoning under either name, the answer kept."""
+    if stream:
+        assert reasoning_deltas(thinking_client, include_reasoning=False) == ([], "It is 4.")
+        return
+    message = thinking_client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=40,
+                                                      extra_body=THOUGHT | {"include_reasoning": False}).choices[0]
+    assert message.message.content == "It is 4." and getattr(message.message, "reasoning_content", None) is None
+
+
+def test_separate_reasoning_false_leaves_the_thinking_in_the_content(thinking_client):
+    """SGLang test_nonstreaming_separate_reasoning_false: the parser is not run, the text is as written."""
+    message = thinking_client.chat.completions.create(
+        model="demo", messages=MESSAGES, max_tokens=40, extra_body=THOUGHT | {"separate_reasoning": False}
+    ).choices[0].message
+    assert message.content == "<think>\nTwo and two.\n</think>\n\nIt is 4."
+    assert getattr(message, "reasoning_content", None) is None
+
+
+def test_stream_reasoning_false_sends_the_thinking_whole(thinking_client):
+    """SGLang test_streaming_separate_reasoning_true_stream_reasoning_false: one reasoning delta, holding all
+    of it, and the same answer as when the thinking streams piece by piece."""
+    streamed, content = reasoning_deltas(thinking_client)
+    whole, same_content = reasoning_deltas(thinking_client, stream_reasoning=False)
+    assert len(streamed) > 1 and whole == ["".join(streamed)] and content == same_content == "It is 4."

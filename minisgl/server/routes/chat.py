@@ -186,6 +186,17 @@ class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras):
         None, description="extra variables for the chat template, e.g. {\"enable_thinking\": false}")
     echo: bool = Field(False, description="vLLM's: a last assistant message (a prefill the model continues) is "
                                           "put before the answer's content")
+    separate_reasoning: bool = Field(True, description="SGLang's and vLLM's: false leaves the thinking in the "
+                                                       "content as the model wrote it (--reasoning-parser not run)")
+    include_reasoning: bool = Field(True, description="vLLM's: false drops the thinking from the answer")
+    stream_reasoning: bool = Field(True, description="SGLang's: false sends a streamed choice's thinking in one "
+                                                     "delta, once it is complete")
+
+    def shown(self, delta: ChoiceDelta) -> ChoiceDelta:
+        """What the answer shows of a parsed delta: its reasoning dropped when include_reasoning is false."""
+        if not self.include_reasoning:
+            delta.reasoning = ""
+        return delta
 
     def echoed(self) -> str:
         """What `echo` puts before each choice's content: the last message's text when it is the assistant's."""
@@ -249,7 +260,8 @@ class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras):
         """A choice's parser. Under a grammar the output is what the grammar says from its first token on,
         even if the prompt opened a reasoning block (a grammar may still write one: it is split off)."""
         opened = "" if self.constraints() else prompt_text or ""
-        return OutputParser(tool_use, ReasoningParser(reasoning, opened) if reasoning else None)
+        split = reasoning is not None and self.separate_reasoning
+        return OutputParser(tool_use, ReasoningParser(reasoning, opened) if split else None)
 
 
 # ---------------------------------------------------------------- response
@@ -361,7 +373,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
         answers = []
         for c in choices:
             parsed = parser(c)
-            delta = parsed.feed(c.text) + parsed.finish(c.finish)
+            delta = body.shown(parsed.feed(c.text) + parsed.finish(c.finish))
             content = body.echoed() + delta.content
             message = ChatResponseMessage(
                 content=None if delta.calls and not content.strip() else content,
@@ -405,12 +417,19 @@ async def chunks(state: ServerState, body: ChatCompletionRequest, gen: GenerateR
             ChatChunkChoice(index=c.index, delta=DeltaMessage(role="assistant", content=body.echoed()))],
             prompt_token_ids=c.prompt_ids if body.return_token_ids else None)
     scored: set[int] = set()  # choices whose prompt logprobs went out
+    held = {c.index: "" for c in choices}  # reasoning not yet sent (stream_reasoning false)
     async for choice, out in outputs(state, choices):
         parser = parsers[choice.index]
         made = parser.calls
         delta = parser.feed(out.text)
         if out.finish_reason:
             delta += parser.finish(out.finish_reason)
+        delta = body.shown(delta)
+        if not body.stream_reasoning:
+            held[choice.index] += delta.reasoning
+            delta.reasoning = ""
+            if delta.content or delta.calls or out.finish_reason:  # the thinking is complete
+                delta.reasoning, held[choice.index] = held[choice.index], ""
         prompt_logprobs = None
         if body.prompt_logprobs is not None and choice.index not in scored:
             scored.add(choice.index)
