@@ -194,7 +194,7 @@ def test_chat_response_shape():
     assert isinstance(body["created"], int)
     assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "hello", "refusal": None,
                                                         "annotations": None, "audio": None, "function_call": None,
-                                                        "tool_calls": None},
+                                                        "tool_calls": None, "reasoning_content": None},
                                 "logprobs": None, "finish_reason": "stop", "token_ids": None,  # + vLLM's
                                 "matched_stop": None}]  # + SGLang's
     assert body["usage"]["total_tokens"] == 10
@@ -206,12 +206,12 @@ def test_chat_chunk_shape():
         ChatChunkChoice(index=0, delta=DeltaMessage(role="assistant", content=""))])
     body = first.model_dump()
     assert body["object"] == "chat.completion.chunk" and body["id"] == "chatcmpl-1"
-    assert body["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""},
+    assert body["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": "", "reasoning_content": None},
                                 "logprobs": None, "finish_reason": None}]
     assert body["usage"] is None
     later = ChatChunkChoice(index=0, delta=DeltaMessage(content="lo"), finish_reason="length")
-    assert later.model_dump()["delta"] == {"content": "lo"}
-    assert ChatChunkChoice(index=0, delta=DeltaMessage()).model_dump()["delta"] == {}
+    assert later.model_dump()["delta"] == {"content": "lo", "reasoning_content": None}
+    assert ChatChunkChoice(index=0, delta=DeltaMessage()).model_dump()["delta"] == {"reasoning_content": None}
     final = ChatCompletionChunk(model="m", choices=[], usage=usage())
     assert final.model_dump(exclude_none=True)["usage"]["total_tokens"] == 10
 

@@ -414,3 +414,12 @@ def test_stream_reasoning_false_sends_the_thinking_whole(thinking_client):
     streamed, content = reasoning_deltas(thinking_client)
     whole, same_content = reasoning_deltas(thinking_client, stream_reasoning=False)
     assert len(streamed) > 1 and whole == ["".join(streamed)] and content == same_content == "It is 4."
+
+
+def test_reasoning_content_is_null_when_there_is_none(client):
+    """SGLang test_reasoning_content (its WithoutParser class) reads `message.reasoning_content` and each
+    `delta.reasoning_content` as attributes: present, null, without a reasoning parser."""
+    message = client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=3).choices[0].message
+    assert message.reasoning_content is None and message.content
+    chunks = list(client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=3, stream=True))
+    assert all(c.delta.reasoning_content is None for chunk in chunks for c in chunk.choices)

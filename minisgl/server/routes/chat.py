@@ -293,8 +293,8 @@ class ChatResponseMessage(BaseModel):
     audio: None = None
     function_call: None = None
     tool_calls: list[ResponseToolCall] | None = None
-    reasoning_content: str | None = Field(None, exclude_if=omitted,
-                                          description="the model's thinking (with --reasoning-parser)")
+    reasoning_content: str | None = Field(None, description="the model's thinking (with --reasoning-parser); null "
+                                                            "when none, as SGLang answers (its clients read it)")
     reasoning: str | None = Field(None, exclude_if=omitted, description="vLLM's name for reasoning_content")
 
 
@@ -330,11 +330,12 @@ class DeltaToolCall(ResponseToolCall):
 
 
 class DeltaMessage(BaseModel):
-    """A delta carries only what changed: the first chunk the role, later ones the new text or calls."""
+    """A delta carries only what changed: the first chunk the role, later ones the new text or calls (and
+    `reasoning_content`, null when there is none)."""
 
     role: Literal["assistant"] | None = Field(None, exclude_if=omitted)
     content: str | None = Field(None, exclude_if=omitted)
-    reasoning_content: str | None = Field(None, exclude_if=omitted)
+    reasoning_content: str | None = Field(None, description="null when none, as SGLang's deltas have it")
     reasoning: str | None = Field(None, exclude_if=omitted, description="vLLM's name for reasoning_content")
     tool_calls: list[DeltaToolCall] | None = Field(None, exclude_if=omitted)
 
