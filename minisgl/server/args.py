@@ -31,6 +31,7 @@ class ServerArgs:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     root_path: str = ""
+    force_include_usage: bool = False  # every streamed chunk carries the usage so far, as vLLM's flag has it
 
 
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's (and torch's) other names
@@ -136,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="vLLM spelling, accepted for its launch commands: GET /tokenizer_info is always served")
     server.add_argument("--enable-server-load-tracking", action="store_true",
                         help="vLLM spelling, accepted for its launch commands: GET /load is always served")
+    server.add_argument("--enable-force-include-usage", action="store_true",
+                        help="vLLM's: every streamed chat or text completion carries usage, on each chunk (its "
+                             "choice's so far) and in a last chunk, whatever stream_options says")
     server.add_argument("--metrics-naming", choices=NAMINGS, default="sglang",
                         help="name /metrics series as SGLang (sglang:*) or vLLM (vllm:*) does, for their "
                              "dashboards and routers (default: sglang)")
@@ -173,4 +177,5 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         parser.error(str(exc))
     return ServerArgs(engine, a.host, a.port, a.served_model_name or a.model, a.api_key, a.max_queued_requests,
                       a.max_request_bytes, a.shutdown_timeout, a.shell, a.demo, a.log_level, a.skip_tokenizer_init,
-                      a.metrics_naming, a.tool_call_parser, a.reasoning_parser, a.root_path)
+                      a.metrics_naming, a.tool_call_parser, a.reasoning_parser, a.root_path,
+                      a.enable_force_include_usage)

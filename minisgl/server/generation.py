@@ -20,7 +20,7 @@ from minisgl.server.boundary import GenerateRequest, PromptInput, prepare
 from minisgl.server.engine_client import RequestFailed, Sequence
 from minisgl.server.errors import ApiError, error_responses
 from minisgl.server.ipc import TextOutput
-from minisgl.server.protocol import LogprobEntry, PromptTokensDetails, SamplingFields, Usage
+from minisgl.server.protocol import LogprobEntry, PromptTokensDetails, SamplingFields, StreamOptions, Usage
 from minisgl.server.state import ServerState
 
 logger = logging.getLogger("minisgl.api")
@@ -54,6 +54,8 @@ async def respond(request: Request, state: ServerState, body: SamplingFields, pr
     `stream: true`, as server-sent events of the chunks `stream` yields."""
     gen, choices = await start(state, body, prompt, prompts)
     if body.stream:
+        if state.args.force_include_usage:
+            body.stream_options = StreamOptions(include_usage=True, continuous_usage_stats=True)
         return event_stream(stream(gen, choices))
     if not await collect(request, state, choices):
         return Response(status_code=499)  # the client hung up; nobody reads this

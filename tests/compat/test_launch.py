@@ -37,7 +37,8 @@ def peer_spelled():
     srv = Server("--demo", "--max-model-len", "512", "--max-num-seqs", "8", "--enforce-eager",
                  "--gpu-memory-utilization", "0.5", "--max-num-batched-tokens", "256", "--tensor-parallel-size", "1",
                  "--max-payload-size", "2048", "--enable-cache-report", "--enable-prompt-tokens-details",
-                 "--no-enable-prefix-caching", "--enable-server-load-tracking", "--metrics-naming", "vllm")
+                 "--no-enable-prefix-caching", "--enable-server-load-tracking", "--metrics-naming", "vllm",
+                 "--enable-force-include-usage")
     yield srv
     assert srv.stop() == 0
 
@@ -71,6 +72,18 @@ def test_metrics_under_vllm_names(peer_spelled):
     assert values[("vllm:generation_tokens_total", None)] == 5
     assert values[("vllm:request_success_total", "length")] == 1
     assert values[("vllm:request_generation_tokens_sum", None)] == 5
+
+
+def test_force_include_usage_puts_usage_on_every_chunk(peer_spelled):
+    """vLLM test_chat_with_enable_force_include_usage: with --enable-force-include-usage a stream that asks
+    for no usage still has it on every chunk, growing, and on a last chunk without choices."""
+    client = peer_spelled.openai_client()
+    chunks = list(client.chat.completions.create(model="demo", stream=True, max_completion_tokens=4, messages=[
+        {"role": "user", "content": "What is the capital of France?"}], extra_body={"ignore_eos": True}))
+    assert all(c.usage and c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens for c in chunks)
+    counts = [c.usage.completion_tokens for c in chunks if c.choices]  # tokens may arrive several to a chunk
+    assert counts[0] == 0 and counts[-1] == 4 and all(a < b for a, b in zip(counts[1:], counts[2:]))
+    assert not chunks[-1].choices and chunks[-1].usage.completion_tokens == 4
 
 
 def test_context_length_above_the_models_maximum_is_refused():
