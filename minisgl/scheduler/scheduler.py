@@ -87,6 +87,7 @@ class Scheduler:
         self.in_flight: LaunchedStep | None = None  # launched, results not read yet (overlap only)
         self.finished: list[Req] = []  # finished since the caller last drained it
         self.progressed: list[Req] = []  # got tokens in the last tick and still running (for streaming)
+        self.last_step_tokens = 0  # the last step's prompt tokens computed + tokens sampled (0: no batch launched)
         self.num_retracted = 0
         self.cache_hit_tokens = 0  # prompt tokens served from the prefix cache, over first admissions
         self.prompt_tokens_admitted = 0
@@ -189,6 +190,7 @@ class Scheduler:
         in two halves: forward pass, then (overlap) the previous step read while the device computes,
         then its masks filled and sampling enqueued."""
         self.progressed = []
+        self.last_step_tokens = 0
         previous, self.in_flight = self.in_flight, None
         batch = self._next_batch()
         launched = None
@@ -207,9 +209,12 @@ class Scheduler:
 
     def _next_batch(self) -> Batch | None:
         """The next batch, its requests' bookkeeping advanced as if it had run, its page-table entries sent."""
-        batch = self._prefill_batch() or self._decode_batch()
+        prefill = self._prefill_batch()
+        batch = prefill or self._decode_batch()
         if batch is None:
             return None
+        # vLLM's iteration tokens: a decode step's input is an output token, counted once, as sampled
+        self.last_step_tokens = (sum(batch.extend_lens) if prefill else 0) + len(batch.sampled)
         for req, n in zip(batch.reqs, batch.extend_lens):
             req.kv_len += n
         for i in batch.sampled:

@@ -72,6 +72,8 @@ async def start(state: ServerState, body: SamplingFields, prompt: PromptInput, p
     try:
         gen = await prepare(state.codec, state.limits, body, prompt)
         state.check_serving()  # draining may have begun while the prompt was tokenized
+        for _ in gen.prompts:
+            state.metrics.observe_request(gen.n, gen.params.max_tokens)
         for p, ids in enumerate(gen.prompts):
             for i in range(gen.n):
                 index = p * gen.n + i

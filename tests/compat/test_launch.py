@@ -27,7 +27,11 @@ VLLM_FAMILIES = {
     ("vllm:request_success", "counter"), ("vllm:time_to_first_token_seconds", "histogram"),
     ("vllm:inter_token_latency_seconds", "histogram"), ("vllm:e2e_request_latency_seconds", "histogram"),
     ("vllm:request_time_per_output_token_seconds", "histogram"), ("vllm:request_prompt_tokens", "histogram"),
-    ("vllm:request_generation_tokens", "histogram"),
+    ("vllm:request_generation_tokens", "histogram"), ("vllm:iteration_tokens_total", "histogram"),
+    ("vllm:request_queue_time_seconds", "histogram"), ("vllm:request_prefill_time_seconds", "histogram"),
+    ("vllm:request_decode_time_seconds", "histogram"), ("vllm:request_inference_time_seconds", "histogram"),
+    ("vllm:request_params_n", "histogram"), ("vllm:request_params_max_tokens", "histogram"),
+    ("vllm:cache_config_info", "gauge"),
 }
 
 
@@ -72,6 +76,17 @@ def test_metrics_under_vllm_names(peer_spelled):
     assert values[("vllm:generation_tokens_total", None)] == 5
     assert values[("vllm:request_success_total", "length")] == 1
     assert values[("vllm:request_generation_tokens_sum", None)] == 5
+    # vLLM test_metrics_counts: one step per token (the prefill samples the first), the prompt counted once
+    assert values[("vllm:iteration_tokens_total_count", None)] == 5
+    assert values[("vllm:iteration_tokens_total_sum", None)] == done["usage"]["prompt_tokens"] + 5
+    assert values[("vllm:request_params_n_sum", None)] == 1
+    assert values[("vllm:request_params_max_tokens_sum", None)] == 5
+    for phase in ("queue", "prefill", "decode", "inference"):
+        assert values[(f"vllm:request_{phase}_time_seconds_count", None)] == 1
+    assert values[("vllm:request_inference_time_seconds_sum", None)] <= values[
+        ("vllm:e2e_request_latency_seconds_sum", None)]
+    config = next(s.labels for f in families if f.name == "vllm:cache_config_info" for s in f.samples)
+    assert int(config["num_gpu_blocks"]) == peer_spelled.info()["num_pages"] and int(config["block_size"]) > 0
 
 
 def test_force_include_usage_puts_usage_on_every_chunk(peer_spelled):
