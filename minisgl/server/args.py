@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--max-prefill-length", "--chunked-prefill-size", "--max-num-batched-tokens",
                         dest="max_prefill_tokens", type=int,
                         default=8192, help="token budget of one prefill step; longer prompts are chunked")
+    engine.add_argument("--enable-chunked-prefill", action="store_true",
+                        help="vLLM spelling, accepted for its launch commands: prefill is always chunked (by "
+                             "--max-prefill-length)")
     engine.add_argument("--max-seq-len", "--context-length", "--max-model-len", dest="max_seq_len", type=int,
                         help="longest prompt + completion, at most the model's max_position_embeddings "
                              "(default: that)")

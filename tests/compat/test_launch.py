@@ -41,7 +41,8 @@ def peer_spelled():
     srv = Server("--demo", "--max-model-len", "512", "--max-num-seqs", "8", "--enforce-eager",
                  "--gpu-memory-utilization", "0.5", "--max-num-batched-tokens", "256", "--tensor-parallel-size", "1",
                  "--max-payload-size", "2048", "--enable-cache-report", "--enable-prompt-tokens-details",
-                 "--no-enable-prefix-caching", "--enable-server-load-tracking", "--metrics-naming", "vllm",
+                 "--no-enable-prefix-caching", "--enable-server-load-tracking", "--enable-chunked-prefill",
+                 "--metrics-naming", "vllm",
                  "--enable-force-include-usage")
     yield srv
     assert srv.stop() == 0
