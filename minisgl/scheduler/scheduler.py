@@ -87,7 +87,7 @@ class Scheduler:
         self.in_flight: LaunchedStep | None = None  # launched, results not read yet (overlap only)
         self.finished: list[Req] = []  # finished since the caller last drained it
         self.progressed: list[Req] = []  # got tokens in the last tick and still running (for streaming)
-        self.last_step_tokens = 0  # the last step's prompt tokens computed + tokens sampled (0: no batch launched)
+        self.last_step_tokens = 0  # the last step's tokens as vLLM counts an iteration's (0: no batch launched)
         self.num_retracted = 0
         self.cache_hit_tokens = 0  # prompt tokens served from the prefix cache, over first admissions
         self.prompt_tokens_admitted = 0
@@ -209,12 +209,13 @@ class Scheduler:
 
     def _next_batch(self) -> Batch | None:
         """The next batch, its requests' bookkeeping advanced as if it had run, its page-table entries sent."""
-        prefill = self._prefill_batch()
-        batch = prefill or self._decode_batch()
+        batch = self._prefill_batch() or self._decode_batch()
         if batch is None:
             return None
-        # vLLM's iteration tokens: a decode step's input is an output token, counted once, as sampled
-        self.last_step_tokens = (sum(batch.extend_lens) if prefill else 0) + len(batch.sampled)
+        # vLLM's iteration tokens: the tokens sampled, plus the whole prompt of a request sampled for the first
+        # time (counted once, when its prefill completes, however it was chunked or cached)
+        first = [batch.reqs[i] for i in batch.sampled if not batch.reqs[i].output_ids and not batch.reqs[i].in_flight]
+        self.last_step_tokens = sum(len(req.prompt_ids) for req in first) + len(batch.sampled)
         for req, n in zip(batch.reqs, batch.extend_lens):
             req.kv_len += n
         for i in batch.sampled:

@@ -78,6 +78,7 @@ def test_metrics_under_vllm_names(peer_spelled):
     assert values[("vllm:request_success_total", "length")] == 1
     assert values[("vllm:request_generation_tokens_sum", None)] == 5
     # vLLM test_metrics_counts: one step per token (the prefill samples the first), the prompt counted once
+    # (whole, when its prefill completes, however much of it the prefix cache held)
     assert values[("vllm:iteration_tokens_total_count", None)] == 5
     assert values[("vllm:iteration_tokens_total_sum", None)] == done["usage"]["prompt_tokens"] + 5
     assert values[("vllm:request_params_n_sum", None)] == 1
@@ -100,6 +101,33 @@ def test_force_include_usage_puts_usage_on_every_chunk(peer_spelled):
     counts = [c.usage.completion_tokens for c in chunks if c.choices]  # tokens may arrive several to a chunk
     assert counts[0] == 0 and counts[-1] == 4 and all(a < b for a, b in zip(counts[1:], counts[2:]))
     assert not chunks[-1].choices and chunks[-1].usage.completion_tokens == 4
+
+
+def running_gauges(server: Server) -> tuple[float, float]:
+    """(running requests, KV usage) now, under SGLang's names (vLLM's map to the same gauges)."""
+    samples = {s.name: s.value for f in text_string_to_metric_families(httpx.get(f"{server.url}/metrics").text)
+               for s in f.samples}
+    return samples["sglang:num_running_reqs"], samples["sglang:token_usage"]
+
+
+def test_aborted_requests_leave_the_gauges(demo):
+    """vLLM test_abort_metrics_reset: requests being generated are counted running and hold KV pages; once
+    their clients hang up, both gauges are back to 0 (polled until the aborts are processed). The answers
+    are long (1000 tokens each, what the test server's KV pool holds for three) so that they are still
+    running when the gauges are read."""
+    body = {"model": "demo", "prompt": "Hello my name is", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    with httpx.Client(base_url=demo.url, timeout=60) as http:
+        streams = [http.stream("POST", "/v1/completions", json=body) for _ in range(3)]
+        lines = [stream.__enter__().iter_lines() for stream in streams]  # kept: dropping one closes its stream
+        assert all(next(events).startswith('data: {"id"') for events in lines)  # a first token each: running
+        running, kv_usage = running_gauges(demo)
+        assert running == 3 and kv_usage > 0
+        for stream in streams:
+            stream.__exit__(None, None, None)
+    for _ in range(200):
+        if running_gauges(demo)[0] == 0:
+            break
+    assert running_gauges(demo) == (0, 0)
 
 
 def test_context_length_above_the_models_maximum_is_refused():
