@@ -109,14 +109,26 @@ class JsonSchemaFormat(StrictRequest):
     json_schema: JsonSchemaSpec
 
 
-ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")]
+class StructuralTagFormat(StrictRequest):
+    """SGLang's and vLLM's structural tag, in xgrammar's form: `format` is one of its format objects
+    (`const_string`, `json_schema`, `sequence`, `tag`, `triggered_tags`...), followed exactly."""
+
+    type: Literal["structural_tag"]
+    format: dict[str, Any] = Field(description="an xgrammar structural-tag format, e.g. {\"type\": \"const_string\", "
+                                               "\"value\": \"...\"}")
 
 
-def response_format_constraint(fmt: TextFormat | JsonObjectFormat | JsonSchemaFormat | None) -> Constraint | None:
+AnyFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat | StructuralTagFormat
+ResponseFormat = Annotated[AnyFormat, Field(discriminator="type")]
+
+
+def response_format_constraint(fmt: AnyFormat | None) -> Constraint | None:
     if isinstance(fmt, JsonObjectFormat):
         return Constraint("json_object")
     if isinstance(fmt, JsonSchemaFormat):
         return Constraint("json_schema", json.dumps(fmt.json_schema.schema_))
+    if isinstance(fmt, StructuralTagFormat):
+        return Constraint("structural_tag", json.dumps(fmt.format))
     return None
 
 

@@ -423,3 +423,17 @@ def test_reasoning_content_is_null_when_there_is_none(client):
     assert message.reasoning_content is None and message.content
     chunks = list(client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=3, stream=True))
     assert all(c.delta.reasoning_content is None for chunk in chunks for c in chunk.choices)
+
+
+def test_structural_tag_response_format(client):
+    """SGLang test_stag_constant_str_openai: a structural tag (xgrammar's `format` objects) is followed exactly,
+    even when the answer is absurd; a tag xgrammar does not know is a 400 naming response_format."""
+    answer = "The capital of France is Berlin."
+    tag = {"type": "structural_tag", "format": {"type": "const_string", "value": answer}}
+    choice = client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=64, temperature=0,
+                                            response_format=tag).choices[0]
+    assert choice.message.content == answer and choice.finish_reason == "stop"
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=4, response_format={
+            "type": "structural_tag", "format": {"type": "bogus"}})
+    assert caught.value.body["param"] == "response_format" and "bogus" in caught.value.message
