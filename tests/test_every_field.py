@@ -238,6 +238,21 @@ RESPONSES_PROBES = {
     "store": lambda f: f.refused("store", store=True),
     "metadata": lambda f: f.ok(metadata={"run": "42"})["metadata"] == {"run": "42"},
     "user": user_probe,
+    "reasoning": lambda f: f.usage(reasoning={"effort": "none"})[0] > f.usage()[0] == f.usage(
+        reasoning={"effort": "high"})[0],
+    "tool_choice": lambda f: f.text(tool_choice="auto") == f.text(tool_choice="none") == f.text()
+    and f.refused("tool_choice", tool_choice="required"),
+    "parallel_tool_calls": lambda f: f.ok(parallel_tool_calls=True)["parallel_tool_calls"] is True,
+    "truncation": lambda f: f.ok(truncation="disabled")["truncation"] == "disabled"
+    and f.refused("truncation", truncation="auto"),
+    "seed": lambda f: f.text(**HOT, max_output_tokens=16) == f.text(**HOT, max_output_tokens=16)
+    != f.text(**HOT | {"seed": 4}, max_output_tokens=16),
+    "top_k": lambda f: f.text(**HOT, top_k=1, max_output_tokens=16) == f.text(max_output_tokens=16),
+    "presence_penalty": lambda f: f.text(presence_penalty=2.0, max_output_tokens=64) != f.text(max_output_tokens=64),
+    "frequency_penalty": lambda f: f.text(frequency_penalty=2.0, max_output_tokens=64)
+    != f.text(max_output_tokens=64),
+    "repetition_penalty": lambda f: f.text(repetition_penalty=3.0, max_output_tokens=64)
+    != f.text(max_output_tokens=64),
 }
 
 FRONTS = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from dataclasses import dataclass
 
 from minisgl.engine.config import EngineArgs
@@ -151,9 +152,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def dashed(argv: list[str]) -> list[str]:
+    """Flags spelled with underscores (`--max_model_len`, as vLLM also takes them) in their dashed form."""
+    def fix(arg: str) -> str:
+        name, eq, value = arg.partition("=")
+        return name.replace("_", "-") + eq + value if arg.startswith("--") else arg
+    return [fix(arg) for arg in argv]
+
+
 def parse_args(argv: list[str] | None = None) -> ServerArgs:
     parser = build_parser()
-    a = parser.parse_args(argv)
+    a = parser.parse_args(dashed(sys.argv[1:] if argv is None else argv))
     if a.demo:
         a.model = a.model or "demo"
         a.device = "cpu" if a.device == "auto" else a.device

@@ -167,6 +167,13 @@ def test_dtype_and_tool_flags_as_vllm_spells_them():
         parse_args(["--demo", "--enable-auto-tool-choice"])
 
 
+def test_flags_spelled_with_underscores():
+    """vLLM test_simple (Responses) starts its server with `--max_model_len 5000`: vLLM takes a flag's
+    underscores as dashes, and so does minisgl (values keep theirs)."""
+    args = parse_args(["--demo", "--max_model_len", "512", "--served_model_name=org/my_model"])
+    assert args.engine.max_seq_len == 512 and args.served_model_name == "org/my_model"
+
+
 @pytest.fixture(scope="module")
 def behind_proxy():
     """vLLM test_root_path: --root-path /llm, and the API key from VLLM_API_KEY (no --api-key)."""

@@ -3,7 +3,8 @@ and its stream of named events.
 
 A request becomes a chat completion (`instructions` a system message, `input` the conversation,
 `max_output_tokens` the max_tokens, `text.format` the response_format) and runs as one; only the wire
-format differs. Responses are not stored (`store: true` and `previous_response_id` are refused). With
+format differs. Responses are not stored (`store: true` and `previous_response_id` are refused), and no tools
+are served (`tool_choice` may be `auto` or `none`, both a plain answer). With
 --reasoning-parser the model's thinking is a `reasoning` output item before the message.
 """
 
@@ -99,6 +100,12 @@ class TextConfig(StrictRequest):
     format: Format = Field(default_factory=lambda: TextFormat(type="text"))
 
 
+class ReasoningConfig(StrictRequest):
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
+        None, description="none: the model does not think (the chat template's enable_thinking false); any other "
+                          "effort leaves thinking on (this server has no effort levels)")
+
+
 class ResponsesRequest(StrictRequest):
     model: Text = Field(json_schema_extra={SERVED_MODEL_MARK: True})
     input: Text | list[InputItem]
@@ -113,6 +120,18 @@ class ResponsesRequest(StrictRequest):
     metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(
         None, max_length=16, description="returned with the response")
     user: Text | None = None
+    reasoning: ReasoningConfig | None = None
+    # No tools are served here: `auto` and `none` both mean a plain answer; `required` is refused.
+    tool_choice: Literal["auto", "none"] | None = Field(None, description="auto or none (no tools are served here)")
+    parallel_tool_calls: bool | None = Field(None, description="accepted as SGLang's clients send it; no tools here")
+    truncation: Literal["disabled"] | None = Field(None, description="disabled: an input over the context is a 400 "
+                                                                     "(auto, dropping early turns, is refused)")
+    # SGLang's and vLLM's sampling extensions, as on chat completions.
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    top_k: integer(ge=-1) | None = Field(None, description="-1 or 0: off")
+    repetition_penalty: float | None = Field(None, gt=0)
+    seed: integer(ge=-(2**63), le=2**63 - 1) | None = None
 
     def as_chat(self) -> ChatCompletionRequest:
         """The chat completion this request runs as."""
@@ -126,7 +145,11 @@ class ResponsesRequest(StrictRequest):
         chat = {"model": self.model, "messages": ([{"role": "system", "content": self.instructions}]
                                                   if self.instructions is not None else []) + turns,
                 "max_tokens": self.max_output_tokens, "temperature": self.temperature, "top_p": self.top_p,
-                "stream": self.stream, "user": self.user}
+                "stream": self.stream, "user": self.user, "frequency_penalty": self.frequency_penalty,
+                "presence_penalty": self.presence_penalty, "top_k": self.top_k,
+                "repetition_penalty": self.repetition_penalty, "seed": self.seed}
+        if self.reasoning is not None and self.reasoning.effort == "none":
+            chat["chat_template_kwargs"] = {"enable_thinking": False}
         if self.text is not None and not isinstance(self.text.format, TextFormat):
             fmt = self.text.format
             chat["response_format"] = {"type": "json_object"} if isinstance(fmt, JsonObjectFormat) else {
@@ -174,16 +197,21 @@ class OutputTokensDetails(BaseModel):
 
 
 class ResponseUsage(BaseModel):
+    """OpenAI's usage of a response, and SGLang's chat-style names for the same counts (its clients read them)."""
+
     input_tokens: int
     input_tokens_details: InputTokensDetails
     output_tokens: int
     output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
     total_tokens: int
+    prompt_tokens: int
+    completion_tokens: int
 
     @classmethod
     def of(cls, usage: Usage) -> ResponseUsage:
         return cls(input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens,
-                   total_tokens=usage.total_tokens,
+                   total_tokens=usage.total_tokens, prompt_tokens=usage.prompt_tokens,
+                   completion_tokens=usage.completion_tokens,
                    input_tokens_details=InputTokensDetails(cached_tokens=usage.prompt_tokens_details.cached_tokens))
 
 
@@ -205,8 +233,10 @@ class ResponseObject(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
     store: bool = False
     parallel_tool_calls: bool = False
-    tool_choice: Literal["none"] = "none"
+    tool_choice: Literal["auto", "none"] = "none"
     tools: list[Any] = Field(default_factory=list)
+    truncation: Literal["disabled"] = "disabled"
+    reasoning: dict[str, Any] | None = None
 
 
 def finished(response: ResponseObject, finish: str | None) -> ResponseObject:
@@ -231,7 +261,9 @@ async def responses(body: ResponsesRequest, request: Request, state: ServerState
     chat = body.as_chat()
     head = ResponseObject(status="in_progress", model=state.args.served_model_name, instructions=body.instructions,
                           max_output_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p,
-                          metadata=body.metadata or {},
+                          metadata=body.metadata or {}, tool_choice=body.tool_choice or "none",
+                          parallel_tool_calls=bool(body.parallel_tool_calls),
+                          reasoning=body.reasoning.model_dump() if body.reasoning else None,
                           text={"format": body.text.format.model_dump(by_alias=True)} if body.text else
                           {"format": {"type": "text"}})
     gen, choices = await start(state, chat, chat.conversation(None), 1)
