@@ -108,7 +108,16 @@ def vllm_output_probes() -> dict:
     def prompt_logprobs(answer: dict) -> list | None:
         return answer["prompt_logprobs"] if "prompt_logprobs" in answer else answer["choices"][0]["prompt_logprobs"]
 
+    def prompt_ids(answer: dict) -> list[int]:
+        return answer["prompt_token_ids"] if "prompt_token_ids" in answer else answer["choices"][0]["prompt_token_ids"]
+
+    def cut(f: Front, side: str) -> list[int]:
+        return prompt_ids(f.ok(truncate_prompt_tokens=3, truncation_side=side, return_token_ids=True))
+
     return {
+        "truncate_prompt_tokens": lambda f: f.usage(truncate_prompt_tokens=3)[0] == 3 < f.usage()[0],
+        "truncation_side": lambda f: cut(f, "left") == prompt_ids(f.ok(return_token_ids=True))[-3:]
+        and cut(f, "right") == prompt_ids(f.ok(return_token_ids=True))[:3],
         "prompt_logprobs": lambda f: prompt_logprobs(f.ok()) is None
         and len(prompt_logprobs(f.ok(prompt_logprobs=1))) == f.usage()[0],
         "prompt_logprobs_temperature": lambda f: prompt_logprobs(f.ok(

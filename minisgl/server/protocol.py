@@ -256,6 +256,23 @@ class VllmExtras(StrictRequest):
                                              "`token_id:N` (exact where a token is not text on its own)")
     cache_salt: NonEmptyText | None = Field(None, description="vLLM's: the request shares cached prompt prefixes "
                                             "only with requests of the same salt (tenants apart)")
+    truncate_prompt_tokens: integer(ge=-1) | None = Field(
+        None, description="vLLM's: each prompt keeps only this many tokens (-1: the context length; 0 refused), cut "
+                          "on truncation_side")
+    truncation_side: Literal["left", "right"] | None = Field(
+        None, description="vLLM's: left (the default) drops a long prompt's beginning, right its end")
+
+    def prompt_truncation(self, context: int) -> tuple[int, Literal["left", "right"]] | None:
+        """(tokens each prompt keeps, the side cut), or None when prompts are kept whole."""
+        if self.truncate_prompt_tokens is None:
+            if self.truncation_side is not None:
+                raise ApiError(400, "truncation_side needs truncate_prompt_tokens", param="truncation_side")
+            return None
+        if self.truncate_prompt_tokens == 0:
+            raise ApiError(400, "truncate_prompt_tokens must be -1 (the context length) or at least 1",
+                           param="truncate_prompt_tokens")
+        keep = context if self.truncate_prompt_tokens == -1 else self.truncate_prompt_tokens
+        return keep, self.truncation_side or "left"
 
     def prompt_scoring(self, asked: int | None) -> dict[str, Any]:
         """The engine's prompt-logprob settings: `asked` best tokens per position (None: no scoring), at the

@@ -437,3 +437,14 @@ def test_structural_tag_response_format(client):
         client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=4, response_format={
             "type": "structural_tag", "format": {"type": "bogus"}})
     assert caught.value.body["param"] == "response_format" and "bogus" in caught.value.message
+
+
+def test_truncate_prompt_tokens_keeps_the_side_asked(client):
+    """vLLM test_chat_completion_truncation_side_controls_prompt_truncation: with truncate_prompt_tokens 4 the
+    prompt is its first 4 tokens (truncation_side right) or its last 4 (left)."""
+    args = dict(model="demo", messages=MESSAGES, max_tokens=1, temperature=0)
+    full = client.chat.completions.create(**args, extra_body={"return_token_ids": True}).prompt_token_ids
+    cut = {side: client.chat.completions.create(**args, extra_body={
+        "return_token_ids": True, "truncate_prompt_tokens": 4, "truncation_side": side}).prompt_token_ids
+        for side in ("right", "left")}
+    assert len(full) > 4 and cut == {"right": full[:4], "left": full[-4:]}
