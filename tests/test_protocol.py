@@ -180,7 +180,8 @@ def usage(cached: int = 0) -> Usage:
 
 def test_usage():
     assert usage(4).model_dump() == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10,
-                                     "prompt_tokens_details": {"cached_tokens": 4}}
+                                     "prompt_tokens_details": {"cached_tokens": 4},
+                                     "cache_read_input_tokens": 4}  # vLLM's name for the cached tokens
 
 
 def test_chat_response_shape():

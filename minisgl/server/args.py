@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="prefix cache: radix shares prompt prefixes, naive does not (default: radix)")
     engine.add_argument("--disable-radix-cache", "--no-enable-prefix-caching", action="store_true",
                         help="SGLang's and vLLM's spellings of --cache naive")
+    engine.add_argument("--enable-prefix-caching", action="store_true",
+                        help="vLLM spelling, accepted for its launch commands: the prefix cache is on by default")
     engine.add_argument("--attn", "--attention-backend", dest="attn", default="auto",
                         help="attention backend: auto (triton on CUDA, torch on CPU), triton, torch, or "
                              "PREFILL,DECODE to mix them (default: auto)")

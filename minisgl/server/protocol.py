@@ -320,6 +320,11 @@ class Usage(BaseModel):
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
+    @computed_field(description="vLLM's name for prompt_tokens_details.cached_tokens")
+    @property
+    def cache_read_input_tokens(self) -> int:
+        return self.prompt_tokens_details.cached_tokens
+
 
 class Envelope(BaseModel):
     """The head every response object shares, in OpenAI's field order; subclasses set id and object."""

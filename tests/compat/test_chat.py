@@ -4,6 +4,7 @@ chat tests, with the real `openai` client."""
 from __future__ import annotations
 
 import json
+import uuid
 
 import httpx
 import openai
@@ -448,3 +449,16 @@ def test_truncate_prompt_tokens_keeps_the_side_asked(client):
         "return_token_ids": True, "truncate_prompt_tokens": 4, "truncation_side": side}).prompt_token_ids
         for side in ("right", "left")}
     assert len(full) > 4 and cut == {"right": full[:4], "left": full[-4:]}
+
+
+def test_cache_read_input_tokens(client):
+    """vLLM test_cache_accounting: usage.cache_read_input_tokens (its name for the prefix-cache hits) is 0 for
+    a prompt never seen and positive when the same prompt comes again, whole or streamed."""
+    messages = [{"role": "user", "content": f"What is the capital of France? ({uuid.uuid4().hex})"}]
+    args = dict(model="demo", messages=messages, max_completion_tokens=2, temperature=0)
+    first = client.chat.completions.create(**args).usage
+    assert first.cache_read_input_tokens == 0 == first.prompt_tokens_details.cached_tokens
+    second = client.chat.completions.create(**args).usage
+    assert second.cache_read_input_tokens == second.prompt_tokens_details.cached_tokens > 0
+    *_, last = client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True})
+    assert last.usage.cache_read_input_tokens > 0
