@@ -327,3 +327,14 @@ def test_truncate_prompt_tokens_serves_a_prompt_longer_than_the_context(client, 
     with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(model="demo", prompt="hi", max_tokens=1, extra_body={"truncation_side": "left"})
     assert caught.value.body["param"] == "truncation_side"
+
+
+def test_return_token_ids_with_echo_keeps_the_prompt_apart(client, tokenizer):
+    """vLLM test_token_in_token_out_and_logprobs: with echo and return_token_ids a choice's token_ids are the
+    output's alone (at most max_tokens) and prompt_token_ids the prompt's, which decode to its text."""
+    text = "Hello, world! How are you today?"
+    ids = tokenizer.encode(text)
+    choice = client.completions.create(model="demo", prompt=ids, max_tokens=5, temperature=0, echo=True,
+                                       extra_body={"return_token_ids": True, "ignore_eos": True}).choices[0]
+    assert len(choice.token_ids) == 5 and choice.prompt_token_ids == ids
+    assert tokenizer.decode(choice.prompt_token_ids) == text and choice.text.startswith(text)
