@@ -201,6 +201,8 @@ def reasoning_deltas(f: Front, **fields) -> int:
 
 CHAT_PROBES = shared_probes() | vllm_output_probes() | {
     "messages": lambda f: f.usage(messages=CHAT * 2)[0] > f.usage()[0],
+    "prompt_token_ids": lambda f: f.usage(messages=[], prompt_token_ids=[5, 6, 7])[0] == 3
+    and f.refused("prompt_token_ids", prompt_token_ids=[5, 6, 7]),
     "max_tokens": lambda f: f.usage(max_tokens=3, ignore_eos=True)[1] == 3,
     "max_completion_tokens": lambda f: f.usage(max_tokens=5, max_completion_tokens=2, ignore_eos=True)[1] == 2,
     "logprobs": lambda f: f.ok(logprobs=True)["choices"][0]["logprobs"]["content"]

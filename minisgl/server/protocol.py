@@ -256,9 +256,9 @@ class VllmExtras(StrictRequest):
                                              "`token_id:N` (exact where a token is not text on its own)")
     cache_salt: NonEmptyText | None = Field(None, description="vLLM's: the request shares cached prompt prefixes "
                                             "only with requests of the same salt (tenants apart)")
-    truncate_prompt_tokens: integer(ge=-1) | None = Field(
-        None, description="vLLM's: each prompt keeps only this many tokens (-1: the context length; 0 refused), cut "
-                          "on truncation_side")
+    truncate_prompt_tokens: integer(ge=1) | Literal[-1] | None = Field(
+        None, description="vLLM's: each prompt keeps only this many tokens (-1: the context length), cut on "
+                          "truncation_side")
     truncation_side: Literal["left", "right"] | None = Field(
         None, description="vLLM's: left (the default) drops a long prompt's beginning, right its end")
 
@@ -268,9 +268,6 @@ class VllmExtras(StrictRequest):
             if self.truncation_side is not None:
                 raise ApiError(400, "truncation_side needs truncate_prompt_tokens", param="truncation_side")
             return None
-        if self.truncate_prompt_tokens == 0:
-            raise ApiError(400, "truncate_prompt_tokens must be -1 (the context length) or at least 1",
-                           param="truncate_prompt_tokens")
         keep = context if self.truncate_prompt_tokens == -1 else self.truncate_prompt_tokens
         return keep, self.truncation_side or "left"
 

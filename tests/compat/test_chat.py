@@ -462,3 +462,23 @@ def test_cache_read_input_tokens(client):
     assert second.cache_read_input_tokens == second.prompt_tokens_details.cached_tokens > 0
     *_, last = client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True})
     assert last.usage.cache_read_input_tokens > 0
+
+
+def test_prompt_token_ids_stand_for_the_templated_messages(client, http):
+    """vLLM test_chat_token_in_matches_messages and _rejects_template_option: the ids /tokenize gives for the
+    messages, sent as prompt_token_ids with no messages, answer exactly as the messages do (greedy); the
+    template's options with them are a 400, and so is a request with neither."""
+    ids = http.post("/tokenize", json={"model": "demo", "messages": MESSAGES}).json()["tokens"]
+    args = dict(model="demo", max_completion_tokens=8, temperature=0)
+    baseline = client.chat.completions.create(messages=MESSAGES, **args)
+    token_in = client.chat.completions.create(messages=[], **args, extra_body={"prompt_token_ids": ids,
+                                                                              "return_token_ids": True})
+    assert token_in.prompt_token_ids == ids
+    assert token_in.choices[0].message.content == baseline.choices[0].message.content
+    for option in ({"add_generation_prompt": True}, {"chat_template_kwargs": {"enable_thinking": False}}):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(messages=[], **args, extra_body={"prompt_token_ids": ids} | option)
+        assert caught.value.body["param"] == next(iter(option))
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(messages=[], **args)
+    assert caught.value.body["param"] == "messages"

@@ -14,7 +14,7 @@ from typing import Annotated, Any, AsyncIterator, Callable, Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from minisgl.core import Constraint
 from minisgl.server.boundary import GenerateRequest
@@ -32,6 +32,7 @@ from minisgl.server.protocol import (
     SamplingFields,
     StrictRequest,
     Text,
+    TokenId,
     Usage,
     VllmExtras,
     chat_logprobs,
@@ -172,8 +173,19 @@ class TemplateOptions(StrictRequest):
         return {"add_generation_prompt": add, "continue_final_message": self.continue_final_message}
 
 
+# The schema says what `prompt` checks: messages, or (vLLM's token-in) prompt_token_ids and no messages.
+MESSAGES_OR_TOKEN_IDS = {
+    "if": {"required": ["prompt_token_ids"], "properties": {"prompt_token_ids": {"type": "array"}}},
+    "then": {"properties": {"messages": {"maxItems": 0}}}, "else": {"properties": {"messages": {"minItems": 1}}}}
+
+
 class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras):
-    messages: list[ChatMessage] = Field(min_length=1)
+    model_config = ConfigDict(json_schema_extra=MESSAGES_OR_TOKEN_IDS)
+
+    messages: list[ChatMessage] = Field(description="the conversation; empty only with prompt_token_ids")
+    prompt_token_ids: list[TokenId] | None = Field(
+        None, min_length=1, description="vLLM's: the prompt as token ids, already templated (messages empty); "
+                                        "the chat template's options are refused with it")
     max_tokens: integer(ge=1) | None = None
     max_completion_tokens: integer(ge=1) | None = Field(None, description="wins over max_tokens")
     logprobs: bool = False
@@ -200,8 +212,26 @@ class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras):
 
     def echoed(self) -> str:
         """What `echo` puts before each choice's content: the last message's text when it is the assistant's."""
-        last = self.messages[-1]
-        return last.text() if self.echo and last.role == "assistant" else ""
+        last = self.messages[-1] if self.messages else None
+        return last.text() if self.echo and last is not None and last.role == "assistant" else ""
+
+    def prompt(self, tool_use: ToolUse | None) -> Conversation | list[list[int]]:
+        """The conversation to put through the chat template or, as vLLM takes them, token ids already
+        templated: then the template's options would do nothing, and are refused."""
+        if self.prompt_token_ids is None:
+            if not self.messages:
+                raise ApiError(400, "messages must not be empty (or send prompt_token_ids)", param="messages")
+            return self.conversation(tool_use)
+        if self.messages:
+            raise ApiError(400, "send messages or prompt_token_ids, not both", param="prompt_token_ids")
+        template_options = {"add_generation_prompt": self.add_generation_prompt is not None,
+                            "continue_final_message": self.continue_final_message, "echo": self.echo,
+                            "chat_template_kwargs": self.chat_template_kwargs is not None}
+        for name, given in template_options.items():
+            if given:
+                raise ApiError(400, f"{name} applies to messages put through the chat template; prompt_token_ids "
+                                    f"are already templated", param=name)
+        return [self.prompt_token_ids]
 
     def sampling(self) -> tuple[dict[str, Any], dict[str, str]]:
         if self.top_logprobs is not None and not self.logprobs:
@@ -387,7 +417,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
                                       matched_stop=c.matched_stop))
         return ChatCompletionResponse(model=model, usage=usage, choices=answers, **prompt_extras(body, choices[0]))
 
-    return await respond(request, state, body, body.conversation(tool_use), 1, whole,
+    return await respond(request, state, body, body.prompt(tool_use), 1, whole,
                          lambda gen, choices: chunks(state, body, gen, choices, model, parser))
 
 
