@@ -453,9 +453,10 @@ def test_truncate_prompt_tokens_keeps_the_side_asked(client):
 
 def test_cache_read_input_tokens(client):
     """vLLM test_cache_accounting: usage.cache_read_input_tokens (its name for the prefix-cache hits) is 0 for
-    a prompt never seen and positive when the same prompt comes again, whole or streamed."""
-    messages = [{"role": "user", "content": f"What is the capital of France? ({uuid.uuid4().hex})"}]
-    args = dict(model="demo", messages=messages, max_completion_tokens=2, temperature=0)
+    a prompt never seen (a salt of its own: no earlier request shares its cache) and positive when the same
+    prompt comes again, whole or streamed."""
+    args = dict(model="demo", messages=MESSAGES, max_completion_tokens=2, temperature=0,
+                extra_body={"cache_salt": uuid.uuid4().hex})
     first = client.chat.completions.create(**args).usage
     assert first.cache_read_input_tokens == 0 == first.prompt_tokens_details.cached_tokens
     second = client.chat.completions.create(**args).usage
