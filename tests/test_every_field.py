@@ -249,6 +249,9 @@ RESPONSES_PROBES = {
     "store": lambda f: f.refused("store", store=True),
     "metadata": lambda f: f.ok(metadata={"run": "42"})["metadata"] == {"run": "42"},
     "user": user_probe,
+    "tools": lambda f: [item["name"] for item in f.ok(
+        tools=[{"type": "function", **TOOLS[0]["function"]}], tool_choice={"type": "function", "name": "get_time"},
+        max_output_tokens=50)["output"] if item["type"] == "function_call"] == ["get_time"],
     "reasoning": lambda f: f.usage(reasoning={"effort": "none"})[0] > f.usage()[0] == f.usage(
         reasoning={"effort": "high"})[0],
     "tool_choice": lambda f: f.text(tool_choice="auto") == f.text(tool_choice="none") == f.text()

@@ -3,14 +3,18 @@ beyond the plain text in and out, with the real `openai` client."""
 
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
 
+TOOL = {"type": "function", "name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}
+
 
 def test_sglang_request_fields_are_served(client):
-    """SGLang run_response: parallel_tool_calls, tool_choice auto and truncation disabled (no tools are
-    served, so both choices give the plain answer) come back on the response; tool_choice required, which
-    no answer here could meet, is a 400 naming it."""
+    """SGLang run_response: parallel_tool_calls, tool_choice auto and truncation disabled (without tools,
+    a plain answer) come back on the response; tool_choice required without tools is a 400 naming it."""
     args = dict(model="demo", input="The capital of France is", max_output_tokens=8, temperature=0)
     plain = client.responses.create(**args)
     told = client.responses.create(**args, parallel_tool_calls=True, tool_choice="auto", truncation="disabled")
@@ -53,3 +57,23 @@ def test_vllm_sampling_extras_and_reasoning_effort(client):
     assert client.responses.create(**greedy, max_output_tokens=50).usage.output_tokens > 3  # it goes on past 3
     cut = client.responses.create(**greedy, max_output_tokens=3, reasoning={"effort": "low"})
     assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_function_tools(client, stream):
+    """SGLang test_responses_function_calling: function tools in the Responses API's flat form. A forced call
+    is a function_call output item (streamed: added, its arguments, done); tool_choice none gives a plain
+    message and no call."""
+    args = dict(model="demo", input="What time is it in Paris?", tools=[TOOL], max_output_tokens=40)
+    forced = {"type": "function", "name": "get_time"}
+    if stream:
+        events = list(client.responses.create(**args, tool_choice=forced, stream=True))
+        kinds = [e.type for e in events]
+        assert kinds.index("response.output_item.added") < kinds.index("response.function_call_arguments.done")
+        output = events[-1].response.output
+    else:
+        output = client.responses.create(**args, tool_choice=forced).output
+    [call] = [item for item in output if item.type == "function_call"]
+    assert call.name == "get_time" and json.loads(call.arguments)["zone"] in ("UTC", "CET") and call.call_id
+    plain = client.responses.create(**args, tool_choice="none")
+    assert [item.type for item in plain.output] == ["message"]
