@@ -4,6 +4,7 @@ cheap (so their launch commands and manifests work unchanged)."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -102,8 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--cuda-graph-max-bs", type=int, default=256,
                         help="largest decode batch replayed from a CUDA graph; 0 turns graphs off (default: 256)")
     engine.add_argument("--enforce-eager", action="store_true", help="vLLM spelling of --cuda-graph-max-bs 0")
-    engine.add_argument("--disable-overlap-schedule", action="store_true",
-                        help="run each step to completion before scheduling the next (overlap is on by default)")
+    engine.add_argument("--disable-overlap-schedule", "--no-async-scheduling", action="store_true",
+                        help="run each step to completion before scheduling the next (overlap is on by default; "
+                             "vLLM calls it async scheduling)")
 
     outputs = p.add_argument_group("outputs")
     outputs.add_argument("--tool-call-parser", choices=sorted(TOOL_CALL_PARSERS),
@@ -118,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "xgrammar (another backend is refused)")
     outputs.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS),
                          help="move the model's <think>...</think> into reasoning_content (qwen3, deepseek-r1)")
+    outputs.add_argument("--reasoning-config", type=json.loads,
+                         help="vLLM's: accepted when its reasoning_start_str/reasoning_end_str are the reasoning "
+                              "parser's own markers (they cannot be changed)")
 
     server = p.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 in containers)")
@@ -170,6 +175,13 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         a.device = "cpu" if a.device == "auto" else a.device
     if not a.model:
         parser.error("--model is required (or --demo)")
+    if a.reasoning_config is not None:
+        markers = REASONING_PARSERS.get(a.reasoning_parser)
+        given = (a.reasoning_config.get("reasoning_start_str"), a.reasoning_config.get("reasoning_end_str"))
+        if markers is None or set(a.reasoning_config) - {"reasoning_start_str", "reasoning_end_str"} or \
+                any(g is not None and g != m for g, m in zip(given, markers)):
+            parser.error(f"--reasoning-config {json.dumps(a.reasoning_config)}: only the reasoning parser's own "
+                         f"markers {markers} are served")
     if a.enable_auto_tool_choice and not a.tool_call_parser:
         parser.error("--enable-auto-tool-choice needs --tool-call-parser (how the model writes its calls)")
     if a.root_path and not (a.root_path.startswith("/") and not a.root_path.endswith("/")):

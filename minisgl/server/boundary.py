@@ -38,7 +38,7 @@ class ModelLimits:
     kv_capacity: int
 
 
-PromptInput = Conversation | list[str] | list[list[int]]
+PromptInput = Conversation | list[Conversation] | list[str] | list[list[int]]
 
 
 @dataclass
@@ -56,7 +56,8 @@ class GenerateRequest:
 
 
 async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, prompt: PromptInput) -> GenerateRequest:
-    prompt_param = "messages" if isinstance(prompt, Conversation) else "prompt"
+    chat = isinstance(prompt, Conversation) or bool(prompt) and isinstance(prompt[0], Conversation)
+    prompt_param = "messages" if chat else "prompt"
     values, renamed = body.sampling()
     truncation = body.prompt_truncation(limits.max_seq_len) if isinstance(body, VllmExtras) else None
     encoded = await encode(codec, limits, prompt, whole=truncation is not None)
@@ -124,9 +125,9 @@ async def encode(codec: TextCodec, limits: ModelLimits, prompt: PromptInput, who
     """(token count, ids, text) of every prompt; text is tokenized off the loop, and the ids of a text too
     long for the context are never built (left empty) unless `whole` (it is to be truncated)."""
     limit = math.inf if whole else limits.max_seq_len
-    if isinstance(prompt, Conversation):
+    if isinstance(prompt, Conversation) or prompt and isinstance(prompt[0], Conversation):
         codec.require("messages", "chat needs a tokenizer and a chat template; send token ids to /v1/completions")
-        return [await codec.encode_chat(prompt, limit)]
+        return [await codec.encode_chat(c, limit) for c in ([prompt] if isinstance(prompt, Conversation) else prompt)]
     if prompt and isinstance(prompt[0], str):
         codec.require("prompt", "send the prompt as token ids")
         return [(*await codec.encode(text, limit), text) for text in prompt]

@@ -49,9 +49,9 @@ class Choice:
 
 async def respond(request: Request, state: ServerState, body: SamplingFields, prompt: PromptInput, prompts: int,
                   whole: Callable[[list[Choice], Usage], BaseModel],
-                  stream: Callable[[GenerateRequest, list[Choice]], AsyncIterator[BaseModel]]) -> Response:
+                  stream: Callable[[GenerateRequest, list[Choice]], AsyncIterator[BaseModel]] | None) -> Response:
     """Run a generation request and answer it: whole (`whole` builds the response object) or, with
-    `stream: true`, as server-sent events of the chunks `stream` yields."""
+    `stream: true`, as server-sent events of the chunks `stream` yields (None: a route that never streams)."""
     gen, choices = await start(state, body, prompt, prompts)
     if body.stream:
         if state.args.force_include_usage:

@@ -193,3 +193,16 @@ def test_root_path_and_api_key_from_vllm_env(behind_proxy, prefix):
     models = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer abc-123"})
     assert models.status_code == 200 and models.json()["data"][0]["id"] == "demo"
     assert httpx.get(f"{url}/health").status_code == 200
+
+
+def test_vllm_reasoning_and_scheduling_flags():
+    """vLLM test_thinking_token_budget starts its server with --no-async-scheduling (minisgl's overlap
+    scheduling, turned off) and --reasoning-config naming Qwen3's markers: accepted when they are the
+    reasoning parser's own, a usage error otherwise (they cannot be changed)."""
+    assert parse_args(["--demo", "--no-async-scheduling"]).engine.overlap_schedule is False
+    markers = '{"reasoning_start_str": "<think>", "reasoning_end_str": "</think>"}'
+    assert parse_args(["--demo", "--reasoning-parser", "qwen3", "--reasoning-config", markers]).reasoning_parser
+    for refused in (["--reasoning-parser", "qwen3", "--reasoning-config", '{"reasoning_end_str": "</done>"}'],
+                    ["--reasoning-config", markers]):
+        with pytest.raises(SystemExit):
+            parse_args(["--demo", *refused])

@@ -401,24 +401,32 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
         return body.output_parser(tool_use, state.args.reasoning_parser, c.prompt_text)
 
     def whole(choices: list[Choice], usage: Usage) -> ChatCompletionResponse:
-        answers = []
-        for c in choices:
-            parsed = parser(c)
-            delta = body.shown(parsed.feed(c.text) + parsed.finish(c.finish))
-            content = body.echoed() + delta.content
-            message = ChatResponseMessage(
-                content=None if delta.calls and not content.strip() else content,
-                reasoning_content=delta.reasoning or None, reasoning=delta.reasoning or None,
-                tool_calls=[ResponseToolCall.of(call) for call in delta.calls] or None)
-            logprobs = chat_logprobs(c.logprobs, body.return_tokens_as_token_ids) if c.logprobs else None
-            answers.append(ChatChoice(index=c.index, message=message, finish_reason=finish_reason(c.finish, parsed),
-                                      logprobs=logprobs,
-                                      token_ids=c.token_ids if body.return_token_ids else None,
-                                      matched_stop=c.matched_stop))
-        return ChatCompletionResponse(model=model, usage=usage, choices=answers, **prompt_extras(body, choices[0]))
+        return ChatCompletionResponse(model=model, usage=usage, choices=chat_choices(body, choices, parser,
+                                                                                    lambda _: body.echoed()),
+                                      **prompt_extras(body, choices[0]))
 
     return await respond(request, state, body, body.prompt(tool_use), 1, whole,
                          lambda gen, choices: chunks(state, body, gen, choices, model, parser))
+
+
+def chat_choices(body: ChatCompletionRequest, choices: list[Choice], parser: Callable[[Choice], OutputParser],
+                 echoed: Callable[[Choice], str]) -> list[ChatChoice]:
+    """Each finished choice as the answer shows it: its output parsed (reasoning, tool calls), `echoed` text
+    first."""
+    answers = []
+    for c in choices:
+        parsed = parser(c)
+        delta = body.shown(parsed.feed(c.text) + parsed.finish(c.finish))
+        content = echoed(c) + delta.content
+        message = ChatResponseMessage(
+            content=None if delta.calls and not content.strip() else content,
+            reasoning_content=delta.reasoning or None, reasoning=delta.reasoning or None,
+            tool_calls=[ResponseToolCall.of(call) for call in delta.calls] or None)
+        logprobs = chat_logprobs(c.logprobs, body.return_tokens_as_token_ids) if c.logprobs else None
+        answers.append(ChatChoice(index=c.index, message=message, finish_reason=finish_reason(c.finish, parsed),
+                                  logprobs=logprobs, token_ids=c.token_ids if body.return_token_ids else None,
+                                  matched_stop=c.matched_stop))
+    return answers
 
 
 def prompt_extras(body: ChatCompletionRequest, choice: Choice) -> dict:
