@@ -222,8 +222,8 @@ CHAT_PROBES = shared_probes() | vllm_output_probes() | {
     == "Once upon a time" + f.text(messages=PREFILL, continue_final_message=True),
     "separate_reasoning": lambda f: f.text(**THINKING, separate_reasoning=False).startswith("<think>")
     and f.text(**THINKING) == "It is 4.",
-    "include_reasoning": lambda f: "reasoning_content" not in f.ok(**THINKING, include_reasoning=False)[
-        "choices"][0]["message"] and "reasoning_content" in f.ok(**THINKING)["choices"][0]["message"],
+    "include_reasoning": lambda f: f.ok(**THINKING, include_reasoning=False)["choices"][0]["message"][
+        "reasoning_content"] is None and f.ok(**THINKING)["choices"][0]["message"]["reasoning_content"],
     "stream_reasoning": lambda f: reasoning_deltas(f, stream_reasoning=False) == 1 < reasoning_deltas(f),
 }
 
