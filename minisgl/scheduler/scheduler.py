@@ -87,7 +87,7 @@ class Scheduler:
         self.in_flight: LaunchedStep | None = None  # launched, results not read yet (overlap only)
         self.finished: list[Req] = []  # finished since the caller last drained it
         self.progressed: list[Req] = []  # got tokens in the last tick and still running (for streaming)
-        self.last_step_tokens = 0  # the last step's tokens as vLLM counts an iteration's (0: no batch launched)
+        self.last_step_tokens = 0  # the tokens of the step read in the last tick, as vLLM counts an iteration's
         self.num_retracted = 0
         self.cache_hit_tokens = 0  # prompt tokens served from the prefix cache, over first admissions
         self.prompt_tokens_admitted = 0
@@ -162,6 +162,7 @@ class Scheduler:
     def tick(self, messages: list | None) -> None:
         """One lockstep iteration, identical on every rank: agree on the messages, then step if there
         is work. Every driver (offline LLM, server, followers) advances the scheduler only this way."""
+        self.last_step_tokens = 0
         self.sync_and_apply(messages)
         if self.has_work:
             self.step()
@@ -190,7 +191,6 @@ class Scheduler:
         in two halves: forward pass, then (overlap) the previous step read while the device computes,
         then its masks filled and sampling enqueued."""
         self.progressed = []
-        self.last_step_tokens = 0
         previous, self.in_flight = self.in_flight, None
         batch = self._next_batch()
         launched = None
@@ -212,10 +212,6 @@ class Scheduler:
         batch = self._prefill_batch() or self._decode_batch()
         if batch is None:
             return None
-        # vLLM's iteration tokens: the tokens sampled, plus the whole prompt of a request sampled for the first
-        # time (counted once, when its prefill completes, however it was chunked or cached)
-        first = [batch.reqs[i] for i in batch.sampled if not batch.reqs[i].output_ids and not batch.reqs[i].in_flight]
-        self.last_step_tokens = sum(len(req.prompt_ids) for req in first) + len(batch.sampled)
         for req, n in zip(batch.reqs, batch.extend_lens):
             req.kv_len += n
         for i in batch.sampled:
@@ -357,6 +353,9 @@ class Scheduler:
             req.in_flight -= 1
             if req.status is ReqStatus.FINISHED:  # aborted or failed while this token was in flight
                 continue
+            # vLLM's iteration tokens: the tokens kept, plus the whole prompt of a request's first token (counted
+            # once, when its prefill completes, however it was chunked or cached)
+            self.last_step_tokens += 1 + (len(req.prompt_ids) if not req.output_ids else 0)
             try:
                 reason = self._append(req, result, j)
             except Exception as exc:
