@@ -7,13 +7,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-ConstraintKind = Literal["json_schema", "json_object", "regex", "ebnf"]
+ConstraintKind = Literal["json_schema", "json_object", "regex", "ebnf", "structural_tag"]
 
 
 @dataclass(frozen=True)
 class Constraint:
     """A grammar the output must match (structured outputs): a JSON schema (as JSON text), any JSON
-    object (`spec` empty), a regular expression, or an EBNF grammar (xgrammar's dialect). Plain text,
+    object (`spec` empty), a regular expression, an EBNF grammar (xgrammar's dialect) or a structural tag
+    (xgrammar's `format` object, as JSON text). Plain text,
     so that it pickles cheaply to every scheduler rank and keys the compiled-grammar cache."""
 
     kind: ConstraintKind

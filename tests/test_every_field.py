@@ -108,7 +108,16 @@ def vllm_output_probes() -> dict:
     def prompt_logprobs(answer: dict) -> list | None:
         return answer["prompt_logprobs"] if "prompt_logprobs" in answer else answer["choices"][0]["prompt_logprobs"]
 
+    def prompt_ids(answer: dict) -> list[int]:
+        return answer["prompt_token_ids"] if "prompt_token_ids" in answer else answer["choices"][0]["prompt_token_ids"]
+
+    def cut(f: Front, side: str) -> list[int]:
+        return prompt_ids(f.ok(truncate_prompt_tokens=3, truncation_side=side, return_token_ids=True))
+
     return {
+        "truncate_prompt_tokens": lambda f: f.usage(truncate_prompt_tokens=3)[0] == 3 < f.usage()[0],
+        "truncation_side": lambda f: cut(f, "left") == prompt_ids(f.ok(return_token_ids=True))[-3:]
+        and cut(f, "right") == prompt_ids(f.ok(return_token_ids=True))[:3],
         "prompt_logprobs": lambda f: prompt_logprobs(f.ok()) is None
         and len(prompt_logprobs(f.ok(prompt_logprobs=1))) == f.usage()[0],
         "prompt_logprobs_temperature": lambda f: prompt_logprobs(f.ok(
@@ -181,8 +190,19 @@ def parallel_probe(f: Front) -> bool:
     return max(calls(True)) > 1 and set(calls(False)) == {1}
 
 
+THINKING = {"regex": "<think>\nTwo and two[.]\n</think>\n\nIt is 4[.]", "max_tokens": 40}  # a scripted thought
+
+
+def reasoning_deltas(f: Front, **fields) -> int:
+    """How many streamed deltas carry reasoning in a scripted thought."""
+    return sum(bool(c["delta"].get("reasoning_content")) for e in events(f.send(stream=True, **THINKING, **fields))
+               if e != "[DONE]" for c in json.loads(e)["choices"])
+
+
 CHAT_PROBES = shared_probes() | vllm_output_probes() | {
     "messages": lambda f: f.usage(messages=CHAT * 2)[0] > f.usage()[0],
+    "prompt_token_ids": lambda f: f.usage(messages=[], prompt_token_ids=[5, 6, 7])[0] == 3
+    and f.refused("prompt_token_ids", prompt_token_ids=[5, 6, 7]),
     "max_tokens": lambda f: f.usage(max_tokens=3, ignore_eos=True)[1] == 3,
     "max_completion_tokens": lambda f: f.usage(max_tokens=5, max_completion_tokens=2, ignore_eos=True)[1] == 2,
     "logprobs": lambda f: f.ok(logprobs=True)["choices"][0]["logprobs"]["content"]
@@ -200,6 +220,11 @@ CHAT_PROBES = shared_probes() | vllm_output_probes() | {
     < f.usage(messages=PREFILL)[0],
     "echo": lambda f: f.text(messages=PREFILL, continue_final_message=True, echo=True)
     == "Once upon a time" + f.text(messages=PREFILL, continue_final_message=True),
+    "separate_reasoning": lambda f: f.text(**THINKING, separate_reasoning=False).startswith("<think>")
+    and f.text(**THINKING) == "It is 4.",
+    "include_reasoning": lambda f: f.ok(**THINKING, include_reasoning=False)["choices"][0]["message"][
+        "reasoning_content"] is None and f.ok(**THINKING)["choices"][0]["message"]["reasoning_content"],
+    "stream_reasoning": lambda f: reasoning_deltas(f, stream_reasoning=False) == 1 < reasoning_deltas(f),
 }
 
 
@@ -224,6 +249,24 @@ RESPONSES_PROBES = {
     "store": lambda f: f.refused("store", store=True),
     "metadata": lambda f: f.ok(metadata={"run": "42"})["metadata"] == {"run": "42"},
     "user": user_probe,
+    "tools": lambda f: [item["name"] for item in f.ok(
+        tools=[{"type": "function", **TOOLS[0]["function"]}], tool_choice={"type": "function", "name": "get_time"},
+        max_output_tokens=50)["output"] if item["type"] == "function_call"] == ["get_time"],
+    "reasoning": lambda f: f.usage(reasoning={"effort": "none"})[0] > f.usage()[0] == f.usage(
+        reasoning={"effort": "high"})[0],
+    "tool_choice": lambda f: f.text(tool_choice="auto") == f.text(tool_choice="none") == f.text()
+    and f.refused("tool_choice", tool_choice="required"),
+    "parallel_tool_calls": lambda f: f.ok(parallel_tool_calls=True)["parallel_tool_calls"] is True,
+    "truncation": lambda f: f.ok(truncation="disabled")["truncation"] == "disabled"
+    and f.refused("truncation", truncation="auto"),
+    "seed": lambda f: f.text(**HOT, max_output_tokens=16) == f.text(**HOT, max_output_tokens=16)
+    != f.text(**HOT | {"seed": 4}, max_output_tokens=16),
+    "top_k": lambda f: f.text(**HOT, top_k=1, max_output_tokens=16) == f.text(max_output_tokens=16),
+    "presence_penalty": lambda f: f.text(presence_penalty=2.0, max_output_tokens=64) != f.text(max_output_tokens=64),
+    "frequency_penalty": lambda f: f.text(frequency_penalty=2.0, max_output_tokens=64)
+    != f.text(max_output_tokens=64),
+    "repetition_penalty": lambda f: f.text(repetition_penalty=3.0, max_output_tokens=64)
+    != f.text(max_output_tokens=64),
 }
 
 FRONTS = {

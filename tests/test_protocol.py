@@ -65,7 +65,9 @@ def test_chat_image_part_refused_by_name():
 
 
 def test_chat_schema_errors_name_the_field():
-    assert refused_field(chat, messages=[]) == "messages"
+    with pytest.raises(ApiError) as empty:  # the schema lets it through for vLLM's prompt_token_ids
+        chat(messages=[]).prompt(None)
+    assert empty.value.param == "messages"
     assert refused_field(chat, messages=[{"role": "", "content": "x"}]) == "messages"
     with pytest.raises(ValidationError) as e:
         ChatCompletionRequest.model_validate({"model": None, "messages": [{"role": "user", "content": "x"}]})
@@ -77,7 +79,7 @@ def test_chat_schema_errors_name_the_field():
 def test_unknown_fields_are_refused_by_name():
     assert refused_field(chat, service_tier="auto") == "service_tier"
     assert refused_field(completion, suffix="x") == "suffix"
-    assert refused_field(chat, messages=[{"role": "user", "content": "hi", "refusal": None}]) == "messages"
+    assert refused_field(chat, messages=[{"role": "user", "content": "hi", "extra_field": "0"}]) == "messages"
     assert refused_field(chat, stream_options={"include_usage": True, "include_obfuscation": False}) == \
         "stream_options"
 
@@ -180,18 +182,22 @@ def usage(cached: int = 0) -> Usage:
 
 def test_usage():
     assert usage(4).model_dump() == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10,
-                                     "prompt_tokens_details": {"cached_tokens": 4}}
+                                     "prompt_tokens_details": {"cached_tokens": 4},
+                                     "cache_read_input_tokens": 4}  # vLLM's name for the cached tokens
 
 
 def test_chat_response_shape():
     resp = ChatCompletionResponse(model="m", usage=usage(), choices=[
         ChatChoice(index=0, message=ChatResponseMessage(content="hello"), finish_reason="stop")])
     body = json.loads(resp.model_dump_json())
-    assert list(body) == ["id", "object", "created", "model", "choices", "usage", "prompt_logprobs",
-                          "prompt_token_ids"]  # + vLLM's
+    assert list(body) == ["id", "object", "created", "model", "choices", "usage", "service_tier",
+                          "system_fingerprint", "metadata", "moderation",  # OpenAI's, null here
+                          "prompt_logprobs", "prompt_token_ids"]  # + vLLM's
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
     assert isinstance(body["created"], int)
-    assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "hello"},
+    assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "hello", "refusal": None,
+                                                        "annotations": None, "audio": None, "function_call": None,
+                                                        "tool_calls": None, "reasoning_content": None},
                                 "logprobs": None, "finish_reason": "stop", "token_ids": None,  # + vLLM's
                                 "matched_stop": None}]  # + SGLang's
     assert body["usage"]["total_tokens"] == 10
@@ -203,12 +209,12 @@ def test_chat_chunk_shape():
         ChatChunkChoice(index=0, delta=DeltaMessage(role="assistant", content=""))])
     body = first.model_dump()
     assert body["object"] == "chat.completion.chunk" and body["id"] == "chatcmpl-1"
-    assert body["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""},
+    assert body["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": "", "reasoning_content": None},
                                 "logprobs": None, "finish_reason": None}]
     assert body["usage"] is None
     later = ChatChunkChoice(index=0, delta=DeltaMessage(content="lo"), finish_reason="length")
-    assert later.model_dump()["delta"] == {"content": "lo"}
-    assert ChatChunkChoice(index=0, delta=DeltaMessage()).model_dump()["delta"] == {}
+    assert later.model_dump()["delta"] == {"content": "lo", "reasoning_content": None}
+    assert ChatChunkChoice(index=0, delta=DeltaMessage()).model_dump()["delta"] == {"reasoning_content": None}
     final = ChatCompletionChunk(model="m", choices=[], usage=usage())
     assert final.model_dump(exclude_none=True)["usage"]["total_tokens"] == 10
 
@@ -217,7 +223,7 @@ def test_completion_shapes():
     resp = CompletionResponse(model="m", usage=usage(), choices=[
         CompletionChoice(index=0, text="abc", finish_reason="length")])
     body = json.loads(resp.model_dump_json())
-    assert list(body) == ["id", "object", "created", "model", "choices", "usage"]
+    assert list(body) == ["id", "object", "created", "model", "choices", "usage", "system_fingerprint"]
     assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
     assert body["choices"] == [{"index": 0, "text": "abc", "logprobs": None, "finish_reason": "length",
                                 "prompt_logprobs": None, "matched_stop": None}]  # + vLLM's and SGLang's

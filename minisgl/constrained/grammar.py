@@ -58,6 +58,8 @@ def _grammar(constraint: Constraint) -> "xgrammar.Grammar":
         return xgr.Grammar.from_regex(constraint.spec)
     if constraint.kind == "ebnf":
         return xgr.Grammar.from_ebnf(constraint.spec)
+    if constraint.kind == "structural_tag":
+        return xgr.Grammar.from_structural_tag({"type": "structural_tag", "format": json.loads(constraint.spec)})
     raise ValueError(f"unknown constraint kind {constraint.kind!r}")
 
 

@@ -87,6 +87,7 @@ class Scheduler:
         self.in_flight: LaunchedStep | None = None  # launched, results not read yet (overlap only)
         self.finished: list[Req] = []  # finished since the caller last drained it
         self.progressed: list[Req] = []  # got tokens in the last tick and still running (for streaming)
+        self.last_step_tokens = 0  # the tokens of the step read in the last tick, as vLLM counts an iteration's
         self.num_retracted = 0
         self.cache_hit_tokens = 0  # prompt tokens served from the prefix cache, over first admissions
         self.prompt_tokens_admitted = 0
@@ -161,6 +162,7 @@ class Scheduler:
     def tick(self, messages: list | None) -> None:
         """One lockstep iteration, identical on every rank: agree on the messages, then step if there
         is work. Every driver (offline LLM, server, followers) advances the scheduler only this way."""
+        self.last_step_tokens = 0
         self.sync_and_apply(messages)
         if self.has_work:
             self.step()
@@ -351,6 +353,9 @@ class Scheduler:
             req.in_flight -= 1
             if req.status is ReqStatus.FINISHED:  # aborted or failed while this token was in flight
                 continue
+            # vLLM's iteration tokens: the tokens kept, plus the whole prompt of a request's first token (counted
+            # once, when its prefill completes, however it was chunked or cached)
+            self.last_step_tokens += 1 + (len(req.prompt_ids) if not req.output_ids else 0)
             try:
                 reason = self._append(req, result, j)
             except Exception as exc:

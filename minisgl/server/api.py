@@ -25,7 +25,18 @@ from pydantic.json_schema import models_json_schema
 from minisgl.server.errors import install_error_handlers
 from minisgl.server.middleware import OPEN_PATHS, ApiKeyCheck, BodySizeLimit
 from minisgl.server.protocol import SERVED_MODEL_MARK, TOKEN_ID_MARK
-from minisgl.server.routes import chat, completions, generate, invocations, load, models, ops, responses, tokenize
+from minisgl.server.routes import (
+    chat,
+    chat_batch,
+    completions,
+    generate,
+    invocations,
+    load,
+    models,
+    ops,
+    responses,
+    tokenize,
+)
 from minisgl.server.state import ServerState
 
 logger = logging.getLogger("minisgl.api")
@@ -44,7 +55,7 @@ def build_app(state: ServerState) -> FastAPI:
                   root_path=state.args.root_path)
     app.state.server = state
     install_error_handlers(app)
-    for module in (chat, completions, invocations, responses, generate, tokenize, models, load, ops):
+    for module in (chat, chat_batch, completions, invocations, responses, generate, tokenize, models, load, ops):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, limit=state.args.max_request_bytes)
     if state.args.api_key:

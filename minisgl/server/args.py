@@ -4,7 +4,9 @@ cheap (so their launch commands and manifests work unchanged)."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import sys
 from dataclasses import dataclass
 
 from minisgl.engine.config import EngineArgs
@@ -31,6 +33,7 @@ class ServerArgs:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     root_path: str = ""
+    force_include_usage: bool = False  # every streamed chunk carries the usage so far, as vLLM's flag has it
 
 
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's (and torch's) other names
@@ -75,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--max-prefill-length", "--chunked-prefill-size", "--max-num-batched-tokens",
                         dest="max_prefill_tokens", type=int,
                         default=8192, help="token budget of one prefill step; longer prompts are chunked")
+    engine.add_argument("--enable-chunked-prefill", action="store_true",
+                        help="vLLM spelling, accepted for its launch commands: prefill is always chunked (by "
+                             "--max-prefill-length)")
     engine.add_argument("--max-seq-len", "--context-length", "--max-model-len", dest="max_seq_len", type=int,
                         help="longest prompt + completion, at most the model's max_position_embeddings "
                              "(default: that)")
@@ -89,14 +95,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="prefix cache: radix shares prompt prefixes, naive does not (default: radix)")
     engine.add_argument("--disable-radix-cache", "--no-enable-prefix-caching", action="store_true",
                         help="SGLang's and vLLM's spellings of --cache naive")
+    engine.add_argument("--enable-prefix-caching", action="store_true",
+                        help="vLLM spelling, accepted for its launch commands: the prefix cache is on by default")
     engine.add_argument("--attn", "--attention-backend", dest="attn", default="auto",
                         help="attention backend: auto (triton on CUDA, torch on CPU), triton, torch, or "
                              "PREFILL,DECODE to mix them (default: auto)")
     engine.add_argument("--cuda-graph-max-bs", type=int, default=256,
                         help="largest decode batch replayed from a CUDA graph; 0 turns graphs off (default: 256)")
     engine.add_argument("--enforce-eager", action="store_true", help="vLLM spelling of --cuda-graph-max-bs 0")
-    engine.add_argument("--disable-overlap-schedule", action="store_true",
-                        help="run each step to completion before scheduling the next (overlap is on by default)")
+    engine.add_argument("--disable-overlap-schedule", "--no-async-scheduling", action="store_true",
+                        help="run each step to completion before scheduling the next (overlap is on by default; "
+                             "vLLM calls it async scheduling)")
 
     outputs = p.add_argument_group("outputs")
     outputs.add_argument("--tool-call-parser", choices=sorted(TOOL_CALL_PARSERS),
@@ -111,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "xgrammar (another backend is refused)")
     outputs.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS),
                          help="move the model's <think>...</think> into reasoning_content (qwen3, deepseek-r1)")
+    outputs.add_argument("--reasoning-config", type=json.loads,
+                         help="vLLM's: accepted when its reasoning_start_str/reasoning_end_str are the reasoning "
+                              "parser's own markers (they cannot be changed)")
 
     server = p.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 in containers)")
@@ -136,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="vLLM spelling, accepted for its launch commands: GET /tokenizer_info is always served")
     server.add_argument("--enable-server-load-tracking", action="store_true",
                         help="vLLM spelling, accepted for its launch commands: GET /load is always served")
+    server.add_argument("--enable-force-include-usage", action="store_true",
+                        help="vLLM's: every streamed chat or text completion carries usage, on each chunk (its "
+                             "choice's so far) and in a last chunk, whatever stream_options says")
     server.add_argument("--metrics-naming", choices=NAMINGS, default="sglang",
                         help="name /metrics series as SGLang (sglang:*) or vLLM (vllm:*) does, for their "
                              "dashboards and routers (default: sglang)")
@@ -144,14 +159,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def dashed(argv: list[str]) -> list[str]:
+    """Flags spelled with underscores (`--max_model_len`, as vLLM also takes them) in their dashed form."""
+    def fix(arg: str) -> str:
+        name, eq, value = arg.partition("=")
+        return name.replace("_", "-") + eq + value if arg.startswith("--") else arg
+    return [fix(arg) for arg in argv]
+
+
 def parse_args(argv: list[str] | None = None) -> ServerArgs:
     parser = build_parser()
-    a = parser.parse_args(argv)
+    a = parser.parse_args(dashed(sys.argv[1:] if argv is None else argv))
     if a.demo:
         a.model = a.model or "demo"
         a.device = "cpu" if a.device == "auto" else a.device
     if not a.model:
         parser.error("--model is required (or --demo)")
+    if a.reasoning_config is not None:
+        markers = REASONING_PARSERS.get(a.reasoning_parser)
+        given = (a.reasoning_config.get("reasoning_start_str"), a.reasoning_config.get("reasoning_end_str"))
+        if markers is None or set(a.reasoning_config) - {"reasoning_start_str", "reasoning_end_str"} or \
+                any(g is not None and g != m for g, m in zip(given, markers)):
+            parser.error(f"--reasoning-config {json.dumps(a.reasoning_config)}: only the reasoning parser's own "
+                         f"markers {markers} are served")
     if a.enable_auto_tool_choice and not a.tool_call_parser:
         parser.error("--enable-auto-tool-choice needs --tool-call-parser (how the model writes its calls)")
     if a.root_path and not (a.root_path.startswith("/") and not a.root_path.endswith("/")):
@@ -173,4 +203,5 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         parser.error(str(exc))
     return ServerArgs(engine, a.host, a.port, a.served_model_name or a.model, a.api_key, a.max_queued_requests,
                       a.max_request_bytes, a.shutdown_timeout, a.shell, a.demo, a.log_level, a.skip_tokenizer_init,
-                      a.metrics_naming, a.tool_call_parser, a.reasoning_parser, a.root_path)
+                      a.metrics_naming, a.tool_call_parser, a.reasoning_parser, a.root_path,
+                      a.enable_force_include_usage)

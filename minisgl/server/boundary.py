@@ -10,6 +10,7 @@ the request field as the client spelled it.
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
@@ -24,7 +25,7 @@ from minisgl.core import (
     check_request,
 )
 from minisgl.server.errors import ApiError
-from minisgl.server.protocol import SamplingFields
+from minisgl.server.protocol import SamplingFields, VllmExtras
 from minisgl.server.text import Conversation, TextCodec
 
 
@@ -37,7 +38,7 @@ class ModelLimits:
     kv_capacity: int
 
 
-PromptInput = Conversation | list[str] | list[list[int]]
+PromptInput = Conversation | list[Conversation] | list[str] | list[list[int]]
 
 
 @dataclass
@@ -55,9 +56,13 @@ class GenerateRequest:
 
 
 async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, prompt: PromptInput) -> GenerateRequest:
-    prompt_param = "messages" if isinstance(prompt, Conversation) else "prompt"
+    chat = isinstance(prompt, Conversation) or bool(prompt) and isinstance(prompt[0], Conversation)
+    prompt_param = "messages" if chat else "prompt"
     values, renamed = body.sampling()
-    encoded = await encode(codec, limits, prompt)
+    truncation = body.prompt_truncation(limits.max_seq_len) if isinstance(body, VllmExtras) else None
+    encoded = await encode(codec, limits, prompt, whole=truncation is not None)
+    if truncation is not None:
+        encoded = [await truncated(codec, ids, text, *truncation) for _, ids, text in encoded]
     with refusals_named(prompt_param, renamed):
         for count, ids, _ in encoded:  # the prompts first: they decide the room left for max_tokens
             check_prompt_length(count, limits.max_seq_len, limits.kv_capacity)  # a text too long has no ids
@@ -115,17 +120,28 @@ def refusals_named(prompt_param: str, renamed: dict[str, str]) -> Iterator[None]
         raise ApiError(400, f"{param} {rest}", param=param) from None
 
 
-async def encode(codec: TextCodec, limits: ModelLimits, prompt: PromptInput
+async def encode(codec: TextCodec, limits: ModelLimits, prompt: PromptInput, whole: bool = False
                  ) -> list[tuple[int, list[int], str | None]]:
     """(token count, ids, text) of every prompt; text is tokenized off the loop, and the ids of a text too
-    long for the context are never built (left empty)."""
-    if isinstance(prompt, Conversation):
+    long for the context are never built (left empty) unless `whole` (it is to be truncated)."""
+    limit = math.inf if whole else limits.max_seq_len
+    if isinstance(prompt, Conversation) or prompt and isinstance(prompt[0], Conversation):
         codec.require("messages", "chat needs a tokenizer and a chat template; send token ids to /v1/completions")
-        return [await codec.encode_chat(prompt, limits.max_seq_len)]
+        return [await codec.encode_chat(c, limit) for c in ([prompt] if isinstance(prompt, Conversation) else prompt)]
     if prompt and isinstance(prompt[0], str):
         codec.require("prompt", "send the prompt as token ids")
-        return [(*await codec.encode(text, limits.max_seq_len), text) for text in prompt]
+        return [(*await codec.encode(text, limit), text) for text in prompt]
     return [(len(ids), ids, None) for ids in prompt]
+
+
+async def truncated(codec: TextCodec, ids: list[int], text: str | None, keep: int, side: str
+                    ) -> tuple[int, list[int], str | None]:
+    """vLLM's truncate_prompt_tokens: a prompt longer than `keep` tokens loses its beginning (left) or its end
+    (right); the text shown for it (echo, a reasoning block the prompt opened) is then the kept tokens'."""
+    if len(ids) <= keep:
+        return len(ids), ids, text
+    kept = ids[-keep:] if side == "left" else ids[:keep]
+    return keep, kept, await codec.decode(kept) if text is not None else None
 
 
 async def constraint(codec: TextCodec, body: SamplingFields) -> Constraint | None:

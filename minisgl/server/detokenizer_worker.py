@@ -75,7 +75,7 @@ class Detokenizer:
             self.states.pop(out.rid, None)
             self.end_here(out)
             return TextOutput(out.rid, "", [], [], "abort", out.prompt_tokens, out.cached_tokens,
-                              f"detokenizing the output failed: {type(exc).__name__}")
+                              f"detokenizing the output failed: {type(exc).__name__}", scheduled_at=out.scheduled_at)
 
     def end_here(self, out: ReqOutput) -> None:
         """The client's answer ends now; if the scheduler is still running the request, stop it."""
@@ -107,7 +107,8 @@ class Detokenizer:
             del self.states[out.rid]
         return TextOutput(out.rid, text, out.new_ids, self.entries(out.logprobs), finish, out.prompt_tokens,
                           out.cached_tokens, out.error,
-                          matched, self.entries(out.prompt_logprobs) if out.prompt_logprobs is not None else None)
+                          matched, self.entries(out.prompt_logprobs) if out.prompt_logprobs is not None else None,
+                          out.scheduled_at)
 
     def entries(self, logprobs: list[TokenLogprob]) -> list[LogprobEntry]:
         return [LogprobEntry(self.token_text(lp.token_id), lp.token_id, lp.logprob,

@@ -45,11 +45,14 @@ class Sequence:
         self.outputs: asyncio.Queue[TextOutput | RequestFailed] = asyncio.Queue()
         self.start = self.last = time.monotonic()
         self.ttft: float | None = None
+        self.queued: float | None = None  # arrival to first scheduled (seconds), once the scheduler says
         self.itls: list[float] = []
         self.completion_tokens = self.cached_tokens = 0
         self.finish_reason: str | None = None
 
     def record(self, out: TextOutput, now: float) -> None:
+        if out.scheduled_at is not None:
+            self.queued = max(0.0, out.scheduled_at - self.start)
         if out.new_ids:
             if self.ttft is None:
                 self.ttft = now - self.start
@@ -151,6 +154,7 @@ class EngineClient:
             if self.components_ready == {"scheduler", "detokenizer"}:
                 self.ready.set()
         elif isinstance(message, StatsReply):
+            self.metrics.observe_steps(message.stats.pop("step_tokens", {}))  # whoever asked, no step is lost
             waiter = self.stats_waiters.pop(message.ask_id, None)
             if waiter is not None and not waiter.done():
                 waiter.set_result(message.stats)
@@ -175,7 +179,7 @@ class EngineClient:
             self.queued -= 1
         latency = time.monotonic() - seq.start
         self.metrics.observe_finished(seq.prompt_tokens, seq.completion_tokens, seq.cached_tokens, seq.ttft, latency,
-                                      seq.itls, seq.finish_reason)
+                                      seq.itls, seq.finish_reason, seq.queued)
         logger.info("request %d finished: prompt=%d completion=%d cached=%d ttft=%s latency=%.3fs reason=%s%s",
                     seq.rid, seq.prompt_tokens, seq.completion_tokens, seq.cached_tokens,
                     f"{seq.ttft:.3f}s" if seq.ttft is not None else "-", latency, seq.finish_reason,

@@ -20,7 +20,7 @@ from minisgl.server.boundary import GenerateRequest, PromptInput, prepare
 from minisgl.server.engine_client import RequestFailed, Sequence
 from minisgl.server.errors import ApiError, error_responses
 from minisgl.server.ipc import TextOutput
-from minisgl.server.protocol import LogprobEntry, PromptTokensDetails, SamplingFields, Usage
+from minisgl.server.protocol import LogprobEntry, PromptTokensDetails, SamplingFields, StreamOptions, Usage
 from minisgl.server.state import ServerState
 
 logger = logging.getLogger("minisgl.api")
@@ -49,11 +49,13 @@ class Choice:
 
 async def respond(request: Request, state: ServerState, body: SamplingFields, prompt: PromptInput, prompts: int,
                   whole: Callable[[list[Choice], Usage], BaseModel],
-                  stream: Callable[[GenerateRequest, list[Choice]], AsyncIterator[BaseModel]]) -> Response:
+                  stream: Callable[[GenerateRequest, list[Choice]], AsyncIterator[BaseModel]] | None) -> Response:
     """Run a generation request and answer it: whole (`whole` builds the response object) or, with
-    `stream: true`, as server-sent events of the chunks `stream` yields."""
+    `stream: true`, as server-sent events of the chunks `stream` yields (None: a route that never streams)."""
     gen, choices = await start(state, body, prompt, prompts)
     if body.stream:
+        if state.args.force_include_usage:
+            body.stream_options = StreamOptions(include_usage=True, continuous_usage_stats=True)
         return event_stream(stream(gen, choices))
     if not await collect(request, state, choices):
         return Response(status_code=499)  # the client hung up; nobody reads this
@@ -70,6 +72,8 @@ async def start(state: ServerState, body: SamplingFields, prompt: PromptInput, p
     try:
         gen = await prepare(state.codec, state.limits, body, prompt)
         state.check_serving()  # draining may have begun while the prompt was tokenized
+        for _ in gen.prompts:
+            state.metrics.observe_request(gen.n, gen.params.max_tokens)
         for p, ids in enumerate(gen.prompts):
             for i in range(gen.n):
                 index = p * gen.n + i

@@ -70,6 +70,7 @@ class ReqOutput:
     cached_tokens: int
     error: str | None = None  # the scheduler failed this request alone (finish_reason "abort")
     prompt_logprobs: list[TokenLogprob] | None = None  # with its first output, when asked for
+    scheduled_at: float | None = None  # with its first output: when it was first scheduled (time.monotonic)
 
 
 @dataclass
@@ -111,6 +112,7 @@ class TextOutput:
     error: str | None = None  # the request failed alone (finish_reason "abort"); its client gets this message
     matched_stop: str | int | None = None  # with finish_reason "stop": the stop string, or the stop/EOS token id
     prompt_logprobs: list[LogprobEntry] | None = None  # prompt tokens 1..
+    scheduled_at: float | None = None  # as in ReqOutput
 
 
 @dataclass

@@ -61,6 +61,15 @@ SERIES: dict[str, tuple] = {
                               TOKEN_BUCKETS),
     "request_generation_tokens": (H, None, "request_generation_tokens", "Generated tokens per finished request.",
                                   TOKEN_BUCKETS),
+    "queue_time": (H, None, "request_queue_time_seconds", "Arrival to first scheduled.", E2E_BUCKETS),
+    "prefill_time": (H, None, "request_prefill_time_seconds", "First scheduled to first token.", E2E_BUCKETS),
+    "decode_time": (H, None, "request_decode_time_seconds", "First token to finish.", E2E_BUCKETS),
+    "inference_time": (H, None, "request_inference_time_seconds", "First scheduled to finish.", E2E_BUCKETS),
+    "params_n": (H, None, "request_params_n", "The n of each prompt of a request.", (1, 2, 5, 10, 20)),
+    "params_max_tokens": (H, None, "request_params_max_tokens", "The max_tokens of each prompt of a request.",
+                          TOKEN_BUCKETS),
+    "iteration_tokens": (H, None, "iteration_tokens_total", "Tokens per engine step: prompt tokens computed plus "
+                         "tokens sampled.", TOKEN_BUCKETS),
 }
 
 
@@ -92,6 +101,10 @@ class Metrics:
         self.request_success = None if naming != "vllm" else prom.Counter(
             "vllm:request_success", "Finished requests, by finish reason.", [*labels, "finished_reason"],
             registry=self.registry)
+        # vLLM's KV-cache settings as labels of a constant 1 (set from the first scheduler stats).
+        self.cache_config = None if naming != "vllm" else prom.Gauge(
+            "vllm:cache_config_info", "KV cache configuration.", [*labels, "block_size", "num_gpu_blocks"],
+            registry=self.registry)
         self.labels = labels
         self.retracted_seen = 0  # the scheduler reports a running total; vLLM's counter takes increments
 
@@ -108,10 +121,26 @@ class Metrics:
         self.num_retracted.set(stats["num_retracted"])
         self.num_preemptions.inc(max(0, stats["num_retracted"] - self.retracted_seen))
         self.retracted_seen = max(self.retracted_seen, stats["num_retracted"])
+        if self.cache_config is not None:
+            self.cache_config.labels(**self.labels, block_size=str(stats["page_size"]),
+                                     num_gpu_blocks=str(stats["total_pages"])).set(1)
+
+    def observe_steps(self, step_tokens: dict[int, int]) -> None:
+        """The engine steps since the scheduler's last stats: {tokens in a step: how many steps had that}."""
+        for tokens, steps in step_tokens.items():
+            for _ in range(steps):
+                self.iteration_tokens.observe(tokens)
+
+    def observe_request(self, n: int, max_tokens: int) -> None:
+        """One prompt of a request, as it is admitted."""
+        self.params_n.observe(n)
+        self.params_max_tokens.observe(max_tokens)
 
     def observe_finished(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int,
-                         ttft: float | None, e2e: float, itls: Sequence[float], finish_reason: str | None) -> None:
-        """Record one finished request. ttft is None when no token was produced (e.g. aborted early)."""
+                         ttft: float | None, e2e: float, itls: Sequence[float], finish_reason: str | None,
+                         queued: float | None = None) -> None:
+        """Record one finished request. ttft is None when no token was produced (e.g. aborted early), queued
+        (arrival to first scheduled) when it was never scheduled."""
         self.prompt_tokens.inc(prompt_tokens)
         self.generation_tokens.inc(completion_tokens)
         self.cached_tokens.inc(cached_tokens)
@@ -126,8 +155,14 @@ class Metrics:
             self.itl.observe(itl)
         if ttft is not None:
             self.ttft.observe(ttft)
+            self.decode_time.observe(e2e - ttft)
             if completion_tokens > 1:
                 self.tpot.observe((e2e - ttft) / (completion_tokens - 1))
+        if queued is not None:
+            self.queue_time.observe(queued)
+            self.inference_time.observe(max(0.0, e2e - queued))
+            if ttft is not None:
+                self.prefill_time.observe(max(0.0, ttft - queued))
 
     def render(self) -> tuple[bytes, str]:
         """(body, content type) for the HTTP response, in Prometheus text format 0.0.4."""

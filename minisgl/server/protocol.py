@@ -109,14 +109,26 @@ class JsonSchemaFormat(StrictRequest):
     json_schema: JsonSchemaSpec
 
 
-ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")]
+class StructuralTagFormat(StrictRequest):
+    """SGLang's and vLLM's structural tag, in xgrammar's form: `format` is one of its format objects
+    (`const_string`, `json_schema`, `sequence`, `tag`, `triggered_tags`...), followed exactly."""
+
+    type: Literal["structural_tag"]
+    format: dict[str, Any] = Field(description="an xgrammar structural-tag format, e.g. {\"type\": \"const_string\", "
+                                               "\"value\": \"...\"}")
 
 
-def response_format_constraint(fmt: TextFormat | JsonObjectFormat | JsonSchemaFormat | None) -> Constraint | None:
+AnyFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat | StructuralTagFormat
+ResponseFormat = Annotated[AnyFormat, Field(discriminator="type")]
+
+
+def response_format_constraint(fmt: AnyFormat | None) -> Constraint | None:
     if isinstance(fmt, JsonObjectFormat):
         return Constraint("json_object")
     if isinstance(fmt, JsonSchemaFormat):
         return Constraint("json_schema", json.dumps(fmt.json_schema.schema_))
+    if isinstance(fmt, StructuralTagFormat):
+        return Constraint("structural_tag", json.dumps(fmt.format))
     return None
 
 
@@ -244,6 +256,20 @@ class VllmExtras(StrictRequest):
                                              "`token_id:N` (exact where a token is not text on its own)")
     cache_salt: NonEmptyText | None = Field(None, description="vLLM's: the request shares cached prompt prefixes "
                                             "only with requests of the same salt (tenants apart)")
+    truncate_prompt_tokens: integer(ge=1) | Literal[-1] | None = Field(
+        None, description="vLLM's: each prompt keeps only this many tokens (-1: the context length), cut on "
+                          "truncation_side")
+    truncation_side: Literal["left", "right"] | None = Field(
+        None, description="vLLM's: left (the default) drops a long prompt's beginning, right its end")
+
+    def prompt_truncation(self, context: int) -> tuple[int, Literal["left", "right"]] | None:
+        """(tokens each prompt keeps, the side cut), or None when prompts are kept whole."""
+        if self.truncate_prompt_tokens is None:
+            if self.truncation_side is not None:
+                raise ApiError(400, "truncation_side needs truncate_prompt_tokens", param="truncation_side")
+            return None
+        keep = context if self.truncate_prompt_tokens == -1 else self.truncate_prompt_tokens
+        return keep, self.truncation_side or "left"
 
     def prompt_scoring(self, asked: int | None) -> dict[str, Any]:
         """The engine's prompt-logprob settings: `asked` best tokens per position (None: no scoring), at the
@@ -290,6 +316,11 @@ class Usage(BaseModel):
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    @computed_field(description="vLLM's name for prompt_tokens_details.cached_tokens")
+    @property
+    def cache_read_input_tokens(self) -> int:
+        return self.prompt_tokens_details.cached_tokens
 
 
 class Envelope(BaseModel):

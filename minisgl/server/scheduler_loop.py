@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 
 import zmq
 
@@ -45,6 +46,8 @@ class SchedulerServer:
         self.sent: dict[int, int] = {}  # rid -> output tokens already reported
         self.generated = 0  # tokens reported since the last stats reply, for gen_throughput
         self.last_stats = time.monotonic()
+        self.step_tokens: Counter[int] = Counter()  # steps since the last stats reply, by their token count
+        self.scheduled_at: dict[int, float] = {}  # rid -> when it was first seen scheduled, until its first output
 
     def run(self) -> None:
         start = time.perf_counter()
@@ -59,7 +62,9 @@ class SchedulerServer:
         while not self.scheduler.shutdown:
             messages = self.receive(block=not self.scheduler.can_step)
             asks = [m for m in messages if isinstance(m, StatsRequest)]
+            before = time.monotonic()
             self.scheduler.tick([m for m in messages if not isinstance(m, StatsRequest)])
+            self.note_step(before)
             self.report()
             for ask in asks:
                 self.to_api.send_pyobj(StatsReply(ask.ask_id, self.stats()))
@@ -74,6 +79,17 @@ class SchedulerServer:
             except zmq.Again:
                 return messages
 
+    def note_step(self, began: float) -> None:
+        """Count the tick's step by its tokens (vLLM's iteration tokens) and stamp the requests it scheduled
+        for the first time with the tick's start (their queue time ends there)."""
+        if self.scheduler.last_step_tokens:
+            self.step_tokens[self.scheduler.last_step_tokens] += 1
+        for req in self.scheduler.running:
+            self.scheduled_at.setdefault(req.rid, began)
+        for req in self.scheduler.finished:  # scheduled and finished within this tick
+            if req.output_ids:
+                self.scheduled_at.setdefault(req.rid, began)
+
     def report(self) -> None:
         """Send every request's new tokens (and finish) of the last step to the detokenizer."""
         outputs = []
@@ -83,8 +99,9 @@ class SchedulerServer:
                 self.sent[req.rid] = len(req.output_ids)
             self.generated += len(req.output_ids) - start
             scored = req.prompt_logprobs if start == 0 and req.params.prompt_logprobs is not None else None
+            scheduled = self.scheduled_at.pop(req.rid, None) if start == 0 else None
             outputs.append(ReqOutput(req.rid, req.output_ids[start:], req.output_logprobs[start:], req.finish_reason,
-                                     len(req.prompt_ids), req.cached_tokens, req.error, scored))
+                                     len(req.prompt_ids), req.cached_tokens, req.error, scored, scheduled))
         self.scheduler.progressed = []
         self.scheduler.finished.clear()
         if outputs:
@@ -93,5 +110,6 @@ class SchedulerServer:
     def stats(self) -> dict:
         now = time.monotonic()
         throughput = self.generated / max(now - self.last_stats, 1e-6)
+        steps, self.step_tokens = dict(self.step_tokens), Counter()
         self.generated, self.last_stats = 0, now
-        return {**self.scheduler.stats(), "gen_throughput": throughput}
+        return {**self.scheduler.stats(), "gen_throughput": throughput, "step_tokens": steps}

@@ -4,10 +4,12 @@ chat tests, with the real `openai` client."""
 from __future__ import annotations
 
 import json
+import uuid
 
 import httpx
 import openai
 import pytest
+from server_utils import Server
 
 MESSAGES = [{"role": "system", "content": "You are a helpful AI assistant"},
             {"role": "user", "content": "What is the capital of France?"}]
@@ -329,3 +331,155 @@ def test_a_role_the_template_knows_is_passed_to_it(client, http):
     assert as_text.choices[0].message.content == as_parts.choices[0].message.content
     tokens = http.post("/tokenize", json={"messages": [{"role": "my-custom-role", "content": "hi"}]}).json()["tokens"]
     assert "my-custom-role" in http.post("/detokenize", json={"tokens": tokens}).json()["prompt"]
+
+
+def test_answer_has_every_field_the_client_declares(client, http):
+    """vLLM test_invocations: the keys of the client's `model_dump()` (every field it declares, null when
+    empty) are the raw answer's keys, message and choice alike, so the two compare equal."""
+    args = dict(model="demo", messages=MESSAGES, max_completion_tokens=3, temperature=0.0)
+    dumped = client.chat.completions.create(**args).model_dump()
+    raw = http.post("/v1/chat/completions", json=args).json()
+    assert dumped.keys() == raw.keys()
+    assert dumped["choices"][0].keys() == raw["choices"][0].keys()
+    assert dumped["choices"][0]["message"] == raw["choices"][0]["message"]
+    assert raw["choices"][0]["message"]["refusal"] is None and raw["system_fingerprint"] is None
+
+
+def test_an_answer_sent_back_as_it_came_continues_the_conversation(client):
+    """OpenAI's client sends an answer's message back with every field it had (`refusal`, `annotations`...
+    as null): the next turn is served. vLLM's `reasoning` / `reasoning_content` of an earlier turn goes to
+    the template; a non-null output-only field such as `refusal` is refused, naming `messages`."""
+    first = client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=3)
+    follow_up = [*MESSAGES, first.choices[0].message, {"role": "user", "content": "And of Germany?"}]
+    assert client.chat.completions.create(model="demo", messages=follow_up, max_tokens=3).choices[0].message.content
+    thought = {"role": "assistant", "content": "Paris.", "reasoning_content": "France's capital"}
+    assert client.chat.completions.create(model="demo", messages=[*MESSAGES, thought], max_tokens=2).choices
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="demo", max_tokens=2, messages=[
+            *MESSAGES, {"role": "assistant", "content": "no", "refusal": "I won't"}])
+    assert caught.value.body["param"] == "messages"
+
+
+@pytest.fixture(scope="module")
+def thinking_client():
+    """--demo with Qwen3's reasoning parser; outputs scripted by a regex (the random model never thinks)."""
+    srv = Server("--demo", "--reasoning-parser", "qwen3")
+    yield srv.openai_client()
+    assert srv.stop() == 0
+
+
+THOUGHT = {"regex": "<think>\nTwo and two[.]\n</think>\n\nIt is 4[.]"}
+
+
+def reasoning_deltas(client, **extra) -> tuple[list[str], str]:
+    """(each non-empty reasoning delta, the whole content) of a streamed scripted answer."""
+    pieces, content = [], ""
+    for chunk in client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=40, stream=True,
+                                                extra_body=THOUGHT | extra):
+        for c in chunk.choices:
+            pieces += [c.delta.reasoning_content] if getattr(c.delta, "reasoning_content", None) else []
+            content += c.delta.content or ""
+    return pieces, content
+
+
+def test_reasoning_has_vllms_name_too(thinking_client):
+    """vLLM's test_include_reasoning reads `reasoning` (its name now) or `reasoning_content` (SGLang's)."""
+    message = thinking_client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=40,
+                                                      extra_body=THOUGHT).choices[0].message
+    assert message.reasoning == message.reasoning_content == "\nTwo and two.\n" and message.content == "It is 4."
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_include_reasoning_false_drops_the_thinking(thinking_client, stream):
+    """vLLM test_include_reasoning_false_(non_)streaming: no reasoning under either name, the answer kept."""
+    if stream:
+        assert reasoning_deltas(thinking_client, include_reasoning=False) == ([], "It is 4.")
+        return
+    message = thinking_client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=40,
+                                                      extra_body=THOUGHT | {"include_reasoning": False}).choices[0]
+    assert message.message.content == "It is 4." and getattr(message.message, "reasoning_content", None) is None
+
+
+def test_separate_reasoning_false_leaves_the_thinking_in_the_content(thinking_client):
+    """SGLang test_nonstreaming_separate_reasoning_false: the parser is not run, the text is as written."""
+    message = thinking_client.chat.completions.create(
+        model="demo", messages=MESSAGES, max_tokens=40, extra_body=THOUGHT | {"separate_reasoning": False}
+    ).choices[0].message
+    assert message.content == "<think>\nTwo and two.\n</think>\n\nIt is 4."
+    assert getattr(message, "reasoning_content", None) is None
+
+
+def test_stream_reasoning_false_sends_the_thinking_whole(thinking_client):
+    """SGLang test_streaming_separate_reasoning_true_stream_reasoning_false: one reasoning delta, holding all
+    of it, and the same answer as when the thinking streams piece by piece."""
+    streamed, content = reasoning_deltas(thinking_client)
+    whole, same_content = reasoning_deltas(thinking_client, stream_reasoning=False)
+    assert len(streamed) > 1 and whole == ["".join(streamed)] and content == same_content == "It is 4."
+
+
+def test_reasoning_content_is_null_when_there_is_none(client):
+    """SGLang test_reasoning_content (its WithoutParser class) reads `message.reasoning_content` and each
+    `delta.reasoning_content` as attributes: present, null, without a reasoning parser."""
+    message = client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=3).choices[0].message
+    assert message.reasoning_content is None and message.content
+    chunks = list(client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=3, stream=True))
+    assert all(c.delta.reasoning_content is None for chunk in chunks for c in chunk.choices)
+
+
+def test_structural_tag_response_format(client):
+    """SGLang test_stag_constant_str_openai: a structural tag (xgrammar's `format` objects) is followed exactly,
+    even when the answer is absurd; a tag xgrammar does not know is a 400 naming response_format."""
+    answer = "The capital of France is Berlin."
+    tag = {"type": "structural_tag", "format": {"type": "const_string", "value": answer}}
+    choice = client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=64, temperature=0,
+                                            response_format=tag).choices[0]
+    assert choice.message.content == answer and choice.finish_reason == "stop"
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="demo", messages=MESSAGES, max_tokens=4, response_format={
+            "type": "structural_tag", "format": {"type": "bogus"}})
+    assert caught.value.body["param"] == "response_format" and "bogus" in caught.value.message
+
+
+def test_truncate_prompt_tokens_keeps_the_side_asked(client):
+    """vLLM test_chat_completion_truncation_side_controls_prompt_truncation: with truncate_prompt_tokens 4 the
+    prompt is its first 4 tokens (truncation_side right) or its last 4 (left)."""
+    args = dict(model="demo", messages=MESSAGES, max_tokens=1, temperature=0)
+    full = client.chat.completions.create(**args, extra_body={"return_token_ids": True}).prompt_token_ids
+    cut = {side: client.chat.completions.create(**args, extra_body={
+        "return_token_ids": True, "truncate_prompt_tokens": 4, "truncation_side": side}).prompt_token_ids
+        for side in ("right", "left")}
+    assert len(full) > 4 and cut == {"right": full[:4], "left": full[-4:]}
+
+
+def test_cache_read_input_tokens(client):
+    """vLLM test_cache_accounting: usage.cache_read_input_tokens (its name for the prefix-cache hits) is 0 for
+    a prompt never seen (a salt of its own: no earlier request shares its cache) and positive when the same
+    prompt comes again, whole or streamed."""
+    args = dict(model="demo", messages=MESSAGES, max_completion_tokens=2, temperature=0,
+                extra_body={"cache_salt": uuid.uuid4().hex})
+    first = client.chat.completions.create(**args).usage
+    assert first.cache_read_input_tokens == 0 == first.prompt_tokens_details.cached_tokens
+    second = client.chat.completions.create(**args).usage
+    assert second.cache_read_input_tokens == second.prompt_tokens_details.cached_tokens > 0
+    *_, last = client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True})
+    assert last.usage.cache_read_input_tokens > 0
+
+
+def test_prompt_token_ids_stand_for_the_templated_messages(client, http):
+    """vLLM test_chat_token_in_matches_messages and _rejects_template_option: the ids /tokenize gives for the
+    messages, sent as prompt_token_ids with no messages, answer exactly as the messages do (greedy); the
+    template's options with them are a 400, and so is a request with neither."""
+    ids = http.post("/tokenize", json={"model": "demo", "messages": MESSAGES}).json()["tokens"]
+    args = dict(model="demo", max_completion_tokens=8, temperature=0)
+    baseline = client.chat.completions.create(messages=MESSAGES, **args)
+    token_in = client.chat.completions.create(messages=[], **args, extra_body={"prompt_token_ids": ids,
+                                                                              "return_token_ids": True})
+    assert token_in.prompt_token_ids == ids
+    assert token_in.choices[0].message.content == baseline.choices[0].message.content
+    for option in ({"add_generation_prompt": True}, {"chat_template_kwargs": {"enable_thinking": False}}):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(messages=[], **args, extra_body={"prompt_token_ids": ids} | option)
+        assert caught.value.body["param"] == next(iter(option))
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(messages=[], **args)
+    assert caught.value.body["param"] == "messages"

@@ -311,3 +311,30 @@ def test_return_tokens_as_token_ids_with_echo(client):
     assert choice.logprobs.tokens == [f"token_id:{i}" for i in ids]
     assert all(key.startswith("token_id:") for top in choice.logprobs.top_logprobs[1:] for key in top)
     assert choice.logprobs.text_offset[len(choice.prompt_token_ids)] == len(PROMPT)
+
+
+def test_truncate_prompt_tokens_serves_a_prompt_longer_than_the_context(client, http, tokenizer):
+    """vLLM's truncate_prompt_tokens: a text prompt past the context is served from its last N tokens (echo
+    shows those), where without it the prompt is a 400; truncation_side alone is a 400 naming it."""
+    context = http.get("/v1/models/demo").json()["max_model_len"]
+    prompt = "word " * (context + 10)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="demo", prompt=prompt, max_tokens=1)
+    kept = client.completions.create(model="demo", prompt=prompt, max_tokens=1, echo=True,
+                                     extra_body={"truncate_prompt_tokens": 10})
+    assert kept.usage.prompt_tokens == 10
+    assert kept.choices[0].text.startswith(tokenizer.decode(tokenizer.encode(prompt)[-10:]))
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model="demo", prompt="hi", max_tokens=1, extra_body={"truncation_side": "left"})
+    assert caught.value.body["param"] == "truncation_side"
+
+
+def test_return_token_ids_with_echo_keeps_the_prompt_apart(client, tokenizer):
+    """vLLM test_token_in_token_out_and_logprobs: with echo and return_token_ids a choice's token_ids are the
+    output's alone (at most max_tokens) and prompt_token_ids the prompt's, which decode to its text."""
+    text = "Hello, world! How are you today?"
+    ids = tokenizer.encode(text)
+    choice = client.completions.create(model="demo", prompt=ids, max_tokens=5, temperature=0, echo=True,
+                                       extra_body={"return_token_ids": True, "ignore_eos": True}).choices[0]
+    assert len(choice.token_ids) == 5 and choice.prompt_token_ids == ids
+    assert tokenizer.decode(choice.prompt_token_ids) == text and choice.text.startswith(text)

@@ -27,7 +27,11 @@ VLLM_FAMILIES = {
     ("vllm:request_success", "counter"), ("vllm:time_to_first_token_seconds", "histogram"),
     ("vllm:inter_token_latency_seconds", "histogram"), ("vllm:e2e_request_latency_seconds", "histogram"),
     ("vllm:request_time_per_output_token_seconds", "histogram"), ("vllm:request_prompt_tokens", "histogram"),
-    ("vllm:request_generation_tokens", "histogram"),
+    ("vllm:request_generation_tokens", "histogram"), ("vllm:iteration_tokens_total", "histogram"),
+    ("vllm:request_queue_time_seconds", "histogram"), ("vllm:request_prefill_time_seconds", "histogram"),
+    ("vllm:request_decode_time_seconds", "histogram"), ("vllm:request_inference_time_seconds", "histogram"),
+    ("vllm:request_params_n", "histogram"), ("vllm:request_params_max_tokens", "histogram"),
+    ("vllm:cache_config_info", "gauge"),
 }
 
 
@@ -37,7 +41,9 @@ def peer_spelled():
     srv = Server("--demo", "--max-model-len", "512", "--max-num-seqs", "8", "--enforce-eager",
                  "--gpu-memory-utilization", "0.5", "--max-num-batched-tokens", "256", "--tensor-parallel-size", "1",
                  "--max-payload-size", "2048", "--enable-cache-report", "--enable-prompt-tokens-details",
-                 "--no-enable-prefix-caching", "--enable-server-load-tracking", "--metrics-naming", "vllm")
+                 "--no-enable-prefix-caching", "--enable-server-load-tracking", "--enable-chunked-prefill",
+                 "--metrics-naming", "vllm",
+                 "--enable-force-include-usage")
     yield srv
     assert srv.stop() == 0
 
@@ -71,6 +77,57 @@ def test_metrics_under_vllm_names(peer_spelled):
     assert values[("vllm:generation_tokens_total", None)] == 5
     assert values[("vllm:request_success_total", "length")] == 1
     assert values[("vllm:request_generation_tokens_sum", None)] == 5
+    # vLLM test_metrics_counts: one step per token (the prefill samples the first), the prompt counted once
+    # (whole, when its prefill completes, however much of it the prefix cache held)
+    assert values[("vllm:iteration_tokens_total_count", None)] == 5
+    assert values[("vllm:iteration_tokens_total_sum", None)] == done["usage"]["prompt_tokens"] + 5
+    assert values[("vllm:request_params_n_sum", None)] == 1
+    assert values[("vllm:request_params_max_tokens_sum", None)] == 5
+    for phase in ("queue", "prefill", "decode", "inference"):
+        assert values[(f"vllm:request_{phase}_time_seconds_count", None)] == 1
+    assert values[("vllm:request_inference_time_seconds_sum", None)] <= values[
+        ("vllm:e2e_request_latency_seconds_sum", None)]
+    config = next(s.labels for f in families if f.name == "vllm:cache_config_info" for s in f.samples)
+    assert int(config["num_gpu_blocks"]) == peer_spelled.info()["num_pages"] and int(config["block_size"]) > 0
+
+
+def test_force_include_usage_puts_usage_on_every_chunk(peer_spelled):
+    """vLLM test_chat_with_enable_force_include_usage: with --enable-force-include-usage a stream that asks
+    for no usage still has it on every chunk, growing, and on a last chunk without choices."""
+    client = peer_spelled.openai_client()
+    chunks = list(client.chat.completions.create(model="demo", stream=True, max_completion_tokens=4, messages=[
+        {"role": "user", "content": "What is the capital of France?"}], extra_body={"ignore_eos": True}))
+    assert all(c.usage and c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens for c in chunks)
+    counts = [c.usage.completion_tokens for c in chunks if c.choices]  # tokens may arrive several to a chunk
+    assert counts[0] == 0 and counts[-1] == 4 and all(a < b for a, b in zip(counts[1:], counts[2:]))
+    assert not chunks[-1].choices and chunks[-1].usage.completion_tokens == 4
+
+
+def running_gauges(server: Server) -> tuple[float, float]:
+    """(running requests, KV usage) now, under SGLang's names (vLLM's map to the same gauges)."""
+    samples = {s.name: s.value for f in text_string_to_metric_families(httpx.get(f"{server.url}/metrics").text)
+               for s in f.samples}
+    return samples["sglang:num_running_reqs"], samples["sglang:token_usage"]
+
+
+def test_aborted_requests_leave_the_gauges(demo):
+    """vLLM test_abort_metrics_reset: requests being generated are counted running and hold KV pages; once
+    their clients hang up, both gauges are back to 0 (polled until the aborts are processed). The answers
+    are long (1000 tokens each, what the test server's KV pool holds for three) so that they are still
+    running when the gauges are read."""
+    body = {"model": "demo", "prompt": "Hello my name is", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    with httpx.Client(base_url=demo.url, timeout=60) as http:
+        streams = [http.stream("POST", "/v1/completions", json=body) for _ in range(3)]
+        lines = [stream.__enter__().iter_lines() for stream in streams]  # kept: dropping one closes its stream
+        assert all(next(events).startswith('data: {"id"') for events in lines)  # a first token each: running
+        running, kv_usage = running_gauges(demo)
+        assert running == 3 and kv_usage > 0
+        for stream in streams:
+            stream.__exit__(None, None, None)
+    for _ in range(200):
+        if running_gauges(demo)[0] == 0:
+            break
+    assert running_gauges(demo) == (0, 0)
 
 
 def test_context_length_above_the_models_maximum_is_refused():
@@ -110,6 +167,13 @@ def test_dtype_and_tool_flags_as_vllm_spells_them():
         parse_args(["--demo", "--enable-auto-tool-choice"])
 
 
+def test_flags_spelled_with_underscores():
+    """vLLM test_simple (Responses) starts its server with `--max_model_len 5000`: vLLM takes a flag's
+    underscores as dashes, and so does minisgl (values keep theirs)."""
+    args = parse_args(["--demo", "--max_model_len", "512", "--served_model_name=org/my_model"])
+    assert args.engine.max_seq_len == 512 and args.served_model_name == "org/my_model"
+
+
 @pytest.fixture(scope="module")
 def behind_proxy():
     """vLLM test_root_path: --root-path /llm, and the API key from VLLM_API_KEY (no --api-key)."""
@@ -129,3 +193,16 @@ def test_root_path_and_api_key_from_vllm_env(behind_proxy, prefix):
     models = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer abc-123"})
     assert models.status_code == 200 and models.json()["data"][0]["id"] == "demo"
     assert httpx.get(f"{url}/health").status_code == 200
+
+
+def test_vllm_reasoning_and_scheduling_flags():
+    """vLLM test_thinking_token_budget starts its server with --no-async-scheduling (minisgl's overlap
+    scheduling, turned off) and --reasoning-config naming Qwen3's markers: accepted when they are the
+    reasoning parser's own, a usage error otherwise (they cannot be changed)."""
+    assert parse_args(["--demo", "--no-async-scheduling"]).engine.overlap_schedule is False
+    markers = '{"reasoning_start_str": "<think>", "reasoning_end_str": "</think>"}'
+    assert parse_args(["--demo", "--reasoning-parser", "qwen3", "--reasoning-config", markers]).reasoning_parser
+    for refused in (["--reasoning-parser", "qwen3", "--reasoning-config", '{"reasoning_end_str": "</done>"}'],
+                    ["--reasoning-config", markers]):
+        with pytest.raises(SystemExit):
+            parse_args(["--demo", *refused])

@@ -3,7 +3,7 @@
 Tools: the chat template renders `tools`; with tool_choice `auto` the server's --tool-call-parser finds
 the calls the model writes, `required` and a named function force them through a grammar (see
 parsers/tools.py). A choice that ends in calls has `finish_reason: "tool_calls"`. With --reasoning-parser
-the model's `<think>` block becomes `reasoning_content` (parsers/reasoning.py).
+the model's `<think>` block becomes `reasoning_content` (and vLLM's `reasoning`: parsers/reasoning.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Annotated, Any, AsyncIterator, Callable, Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from minisgl.core import Constraint
 from minisgl.server.boundary import GenerateRequest
@@ -32,6 +32,7 @@ from minisgl.server.protocol import (
     SamplingFields,
     StrictRequest,
     Text,
+    TokenId,
     Usage,
     VllmExtras,
     chat_logprobs,
@@ -91,6 +92,15 @@ class ChatMessage(StrictRequest):
     name: Text | None = None
     tool_call_id: Text | None = Field(None, description="tool messages: the call this is the result of")
     tool_calls: list[MessageToolCall] | None = Field(None, description="assistant messages: the calls made")
+    reasoning_content: Text | None = Field(None, description="assistant messages: the thinking an earlier answer "
+                                                             "gave (passed to the template, which may render it)")
+    reasoning: Text | None = Field(None, description="vLLM's name for reasoning_content")
+    # An answer's message sent back as it came (the `openai` client sends every field the response had): OpenAI's
+    # output-only fields are taken when null, as the answers carry them; a value is refused (nothing renders it).
+    refusal: None = None
+    annotations: None = None
+    audio: None = None
+    function_call: None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -116,6 +126,8 @@ class ChatMessage(StrictRequest):
             message["tool_call_id"] = self.tool_call_id
         if self.tool_calls:
             message["tool_calls"] = [call.template_form() for call in self.tool_calls]
+        if self.reasoning_content is not None or self.reasoning is not None:
+            message["reasoning_content"] = self.reasoning_content if self.reasoning is None else self.reasoning
         return message
 
 
@@ -161,8 +173,19 @@ class TemplateOptions(StrictRequest):
         return {"add_generation_prompt": add, "continue_final_message": self.continue_final_message}
 
 
+# The schema says what `prompt` checks: messages, or (vLLM's token-in) prompt_token_ids and no messages.
+MESSAGES_OR_TOKEN_IDS = {
+    "if": {"required": ["prompt_token_ids"], "properties": {"prompt_token_ids": {"type": "array"}}},
+    "then": {"properties": {"messages": {"maxItems": 0}}}, "else": {"properties": {"messages": {"minItems": 1}}}}
+
+
 class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras):
-    messages: list[ChatMessage] = Field(min_length=1)
+    model_config = ConfigDict(json_schema_extra=MESSAGES_OR_TOKEN_IDS)
+
+    messages: list[ChatMessage] = Field(description="the conversation; empty only with prompt_token_ids")
+    prompt_token_ids: list[TokenId] | None = Field(
+        None, min_length=1, description="vLLM's: the prompt as token ids, already templated (messages empty); "
+                                        "the chat template's options are refused with it")
     max_tokens: integer(ge=1) | None = None
     max_completion_tokens: integer(ge=1) | None = Field(None, description="wins over max_tokens")
     logprobs: bool = False
@@ -175,11 +198,40 @@ class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras):
         None, description="extra variables for the chat template, e.g. {\"enable_thinking\": false}")
     echo: bool = Field(False, description="vLLM's: a last assistant message (a prefill the model continues) is "
                                           "put before the answer's content")
+    separate_reasoning: bool = Field(True, description="SGLang's and vLLM's: false leaves the thinking in the "
+                                                       "content as the model wrote it (--reasoning-parser not run)")
+    include_reasoning: bool = Field(True, description="vLLM's: false drops the thinking from the answer")
+    stream_reasoning: bool = Field(True, description="SGLang's: false sends a streamed choice's thinking in one "
+                                                     "delta, once it is complete")
+
+    def shown(self, delta: ChoiceDelta) -> ChoiceDelta:
+        """What the answer shows of a parsed delta: its reasoning dropped when include_reasoning is false."""
+        if not self.include_reasoning:
+            delta.reasoning = ""
+        return delta
 
     def echoed(self) -> str:
         """What `echo` puts before each choice's content: the last message's text when it is the assistant's."""
-        last = self.messages[-1]
-        return last.text() if self.echo and last.role == "assistant" else ""
+        last = self.messages[-1] if self.messages else None
+        return last.text() if self.echo and last is not None and last.role == "assistant" else ""
+
+    def prompt(self, tool_use: ToolUse | None) -> Conversation | list[list[int]]:
+        """The conversation to put through the chat template or, as vLLM takes them, token ids already
+        templated: then the template's options would do nothing, and are refused."""
+        if self.prompt_token_ids is None:
+            if not self.messages:
+                raise ApiError(400, "messages must not be empty (or send prompt_token_ids)", param="messages")
+            return self.conversation(tool_use)
+        if self.messages:
+            raise ApiError(400, "send messages or prompt_token_ids, not both", param="prompt_token_ids")
+        template_options = {"add_generation_prompt": self.add_generation_prompt is not None,
+                            "continue_final_message": self.continue_final_message, "echo": self.echo,
+                            "chat_template_kwargs": self.chat_template_kwargs is not None}
+        for name, given in template_options.items():
+            if given:
+                raise ApiError(400, f"{name} applies to messages put through the chat template; prompt_token_ids "
+                                    f"are already templated", param=name)
+        return [self.prompt_token_ids]
 
     def sampling(self) -> tuple[dict[str, Any], dict[str, str]]:
         if self.top_logprobs is not None and not self.logprobs:
@@ -238,7 +290,8 @@ class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras):
         """A choice's parser. Under a grammar the output is what the grammar says from its first token on,
         even if the prompt opened a reasoning block (a grammar may still write one: it is split off)."""
         opened = "" if self.constraints() else prompt_text or ""
-        return OutputParser(tool_use, ReasoningParser(reasoning, opened) if reasoning else None)
+        split = reasoning is not None and self.separate_reasoning
+        return OutputParser(tool_use, ReasoningParser(reasoning, opened) if split else None)
 
 
 # ---------------------------------------------------------------- response
@@ -260,11 +313,19 @@ class ResponseToolCall(BaseModel):
 
 
 class ChatResponseMessage(BaseModel):
+    """OpenAI's message fields, each present (null when empty), as OpenAI's and vLLM's answers have them: a
+    client comparing an answer's keys with its own model of the message finds them all."""
+
     role: Literal["assistant"] = "assistant"
     content: str | None = None
-    reasoning_content: str | None = Field(None, exclude_if=omitted,
-                                          description="the model's thinking (with --reasoning-parser)")
-    tool_calls: list[ResponseToolCall] | None = Field(None, exclude_if=omitted)
+    refusal: None = None
+    annotations: None = None
+    audio: None = None
+    function_call: None = None
+    tool_calls: list[ResponseToolCall] | None = None
+    reasoning_content: str | None = Field(None, description="the model's thinking (with --reasoning-parser); null "
+                                                            "when none, as SGLang answers (its clients read it)")
+    reasoning: str | None = Field(None, exclude_if=omitted, description="vLLM's name for reasoning_content")
 
 
 class ChatChoice(BaseModel):
@@ -283,6 +344,11 @@ class ChatCompletionResponse(Envelope):
     object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
     usage: Usage
+    # OpenAI's optional fields this server has nothing for: null, as vLLM answers (see ChatResponseMessage).
+    service_tier: None = None
+    system_fingerprint: None = None
+    metadata: None = None
+    moderation: None = None
     prompt_logprobs: PromptLogprobs | None = Field(None, description="vLLM's prompt_logprobs (when asked for)")
     prompt_token_ids: list[int] | None = Field(None, description="the prompt's ids (return_token_ids; else null)")
 
@@ -294,11 +360,13 @@ class DeltaToolCall(ResponseToolCall):
 
 
 class DeltaMessage(BaseModel):
-    """A delta carries only what changed: the first chunk the role, later ones the new text or calls."""
+    """A delta carries only what changed: the first chunk the role, later ones the new text or calls (and
+    `reasoning_content`, null when there is none)."""
 
     role: Literal["assistant"] | None = Field(None, exclude_if=omitted)
     content: str | None = Field(None, exclude_if=omitted)
-    reasoning_content: str | None = Field(None, exclude_if=omitted)
+    reasoning_content: str | None = Field(None, description="null when none, as SGLang's deltas have it")
+    reasoning: str | None = Field(None, exclude_if=omitted, description="vLLM's name for reasoning_content")
     tool_calls: list[DeltaToolCall] | None = Field(None, exclude_if=omitted)
 
 
@@ -333,24 +401,32 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
         return body.output_parser(tool_use, state.args.reasoning_parser, c.prompt_text)
 
     def whole(choices: list[Choice], usage: Usage) -> ChatCompletionResponse:
-        answers = []
-        for c in choices:
-            parsed = parser(c)
-            delta = parsed.feed(c.text) + parsed.finish(c.finish)
-            content = body.echoed() + delta.content
-            message = ChatResponseMessage(
-                content=None if delta.calls and not content.strip() else content,
-                reasoning_content=delta.reasoning or None,
-                tool_calls=[ResponseToolCall.of(call) for call in delta.calls] or None)
-            logprobs = chat_logprobs(c.logprobs, body.return_tokens_as_token_ids) if c.logprobs else None
-            answers.append(ChatChoice(index=c.index, message=message, finish_reason=finish_reason(c.finish, parsed),
-                                      logprobs=logprobs,
-                                      token_ids=c.token_ids if body.return_token_ids else None,
-                                      matched_stop=c.matched_stop))
-        return ChatCompletionResponse(model=model, usage=usage, choices=answers, **prompt_extras(body, choices[0]))
+        return ChatCompletionResponse(model=model, usage=usage, choices=chat_choices(body, choices, parser,
+                                                                                    lambda _: body.echoed()),
+                                      **prompt_extras(body, choices[0]))
 
-    return await respond(request, state, body, body.conversation(tool_use), 1, whole,
+    return await respond(request, state, body, body.prompt(tool_use), 1, whole,
                          lambda gen, choices: chunks(state, body, gen, choices, model, parser))
+
+
+def chat_choices(body: ChatCompletionRequest, choices: list[Choice], parser: Callable[[Choice], OutputParser],
+                 echoed: Callable[[Choice], str]) -> list[ChatChoice]:
+    """Each finished choice as the answer shows it: its output parsed (reasoning, tool calls), `echoed` text
+    first."""
+    answers = []
+    for c in choices:
+        parsed = parser(c)
+        delta = body.shown(parsed.feed(c.text) + parsed.finish(c.finish))
+        content = echoed(c) + delta.content
+        message = ChatResponseMessage(
+            content=None if delta.calls and not content.strip() else content,
+            reasoning_content=delta.reasoning or None, reasoning=delta.reasoning or None,
+            tool_calls=[ResponseToolCall.of(call) for call in delta.calls] or None)
+        logprobs = chat_logprobs(c.logprobs, body.return_tokens_as_token_ids) if c.logprobs else None
+        answers.append(ChatChoice(index=c.index, message=message, finish_reason=finish_reason(c.finish, parsed),
+                                  logprobs=logprobs, token_ids=c.token_ids if body.return_token_ids else None,
+                                  matched_stop=c.matched_stop))
+    return answers
 
 
 def prompt_extras(body: ChatCompletionRequest, choice: Choice) -> dict:
@@ -380,12 +456,19 @@ async def chunks(state: ServerState, body: ChatCompletionRequest, gen: GenerateR
             ChatChunkChoice(index=c.index, delta=DeltaMessage(role="assistant", content=body.echoed()))],
             prompt_token_ids=c.prompt_ids if body.return_token_ids else None)
     scored: set[int] = set()  # choices whose prompt logprobs went out
+    held = {c.index: "" for c in choices}  # reasoning not yet sent (stream_reasoning false)
     async for choice, out in outputs(state, choices):
         parser = parsers[choice.index]
         made = parser.calls
         delta = parser.feed(out.text)
         if out.finish_reason:
             delta += parser.finish(out.finish_reason)
+        delta = body.shown(delta)
+        if not body.stream_reasoning:
+            held[choice.index] += delta.reasoning
+            delta.reasoning = ""
+            if delta.content or delta.calls or out.finish_reason:  # the thinking is complete
+                delta.reasoning, held[choice.index] = held[choice.index], ""
         prompt_logprobs = None
         if body.prompt_logprobs is not None and choice.index not in scored:
             scored.add(choice.index)
@@ -396,7 +479,8 @@ async def chunks(state: ServerState, body: ChatCompletionRequest, gen: GenerateR
                      for i, call in enumerate(delta.calls)] or None
             yield ChatCompletionChunk(id=chunk_id, model=model, choices=[ChatChunkChoice(
                 index=choice.index, delta=DeltaMessage(content=delta.content or content_or_nothing(delta, calls),
-                                                       reasoning_content=delta.reasoning or None, tool_calls=calls),
+                                                       reasoning_content=delta.reasoning or None,
+                                                       reasoning=delta.reasoning or None, tool_calls=calls),
                 logprobs=chat_logprobs(out.logprobs, body.return_tokens_as_token_ids) if out.logprobs else None,
                 finish_reason=finish_reason(out.finish_reason, parser),
                 token_ids=out.new_ids if body.return_token_ids else None)],

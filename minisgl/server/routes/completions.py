@@ -88,6 +88,7 @@ class CompletionResponse(Envelope):
     object: Literal["text_completion"] = "text_completion"
     choices: list[CompletionChoice]
     usage: Usage
+    system_fingerprint: None = None  # OpenAI's, declared by its client: null, as vLLM answers
 
 
 class CompletionChunk(Envelope):
@@ -122,9 +123,11 @@ async def completions(body: CompletionRequest, request: Request,
 def token_ids(c: Choice, body: CompletionRequest, ids_only: bool, echoed_ids: list[int], first: bool,
               new_ids: list[int] | None = None) -> dict:
     """A choice's (or chunk's) token ids and prompt logprobs: the prompt's with the whole answer or a first
-    chunk; the output's (all so far, or `new_ids`) with return_token_ids, or without a tokenizer."""
+    chunk; the output's (all so far, or `new_ids`) with return_token_ids, or without a tokenizer. Asked for,
+    they are the output's alone, as vLLM has them (echo or not: the prompt's are in prompt_token_ids); without
+    a tokenizer and not asked for, they stand for the text, an echoed prompt's ids first."""
     output = c.token_ids if new_ids is None else new_ids
-    fields: dict = {"token_ids": echoed_ids + output if ids_only else output if body.return_token_ids else None}
+    fields: dict = {"token_ids": output if body.return_token_ids else echoed_ids + output if ids_only else None}
     if first and body.return_token_ids:
         fields["prompt_token_ids"] = c.prompt_ids
     if first and body.prompt_logprobs is not None:

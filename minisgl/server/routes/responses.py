@@ -1,9 +1,10 @@
-"""POST /v1/responses (OpenAI's Responses API, text in and out): its request schema, its response object
+"""POST /v1/responses (OpenAI's Responses API, text and function calls): its request schema, its response object
 and its stream of named events.
 
 A request becomes a chat completion (`instructions` a system message, `input` the conversation,
 `max_output_tokens` the max_tokens, `text.format` the response_format) and runs as one; only the wire
-format differs. Responses are not stored (`store: true` and `previous_response_id` are refused). With
+format differs. Responses are not stored (`store: true` and `previous_response_id` are refused). Function
+tools are served as on chat completions; each call the model makes is a `function_call` output item. With
 --reasoning-parser the model's thinking is a `reasoning` output item before the message.
 """
 
@@ -31,7 +32,7 @@ from minisgl.server.protocol import (
     integer,
     unix_now,
 )
-from minisgl.server.routes.chat import ChatCompletionRequest
+from minisgl.server.routes.chat import ChatCompletionRequest, FunctionName
 from minisgl.server.state import ServerState, server_state
 
 router = APIRouter()
@@ -99,6 +100,27 @@ class TextConfig(StrictRequest):
     format: Format = Field(default_factory=lambda: TextFormat(type="text"))
 
 
+class ReasoningConfig(StrictRequest):
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
+        None, description="none: the model does not think (the chat template's enable_thinking false); any other "
+                          "effort leaves thinking on (this server has no effort levels)")
+
+
+class FunctionTool(StrictRequest):
+    """A function the model may call, in the Responses API's flat form."""
+
+    type: Literal["function"]
+    name: FunctionName
+    description: Text | None = None
+    parameters: dict[str, Any] | None = Field(None, description="a JSON schema of the arguments object")
+    strict: bool | None = Field(None, description="forced calls always match `parameters`; false is not weaker")
+
+
+class FunctionToolChoice(StrictRequest):
+    type: Literal["function"]
+    name: FunctionName
+
+
 class ResponsesRequest(StrictRequest):
     model: Text = Field(json_schema_extra={SERVED_MODEL_MARK: True})
     input: Text | list[InputItem]
@@ -113,6 +135,19 @@ class ResponsesRequest(StrictRequest):
     metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(
         None, max_length=16, description="returned with the response")
     user: Text | None = None
+    reasoning: ReasoningConfig | None = None
+    tools: list[FunctionTool] | None = Field(None, description="function tools, served as on chat completions")
+    tool_choice: Literal["auto", "none", "required"] | FunctionToolChoice | None = Field(
+        None, description="as on chat completions: auto (needs --tool-call-parser), none, required or a function")
+    parallel_tool_calls: bool | None = Field(None, description="false: at most one call")
+    truncation: Literal["disabled"] | None = Field(None, description="disabled: an input over the context is a 400 "
+                                                                     "(auto, dropping early turns, is refused)")
+    # SGLang's and vLLM's sampling extensions, as on chat completions.
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    top_k: integer(ge=-1) | None = Field(None, description="-1 or 0: off")
+    repetition_penalty: float | None = Field(None, gt=0)
+    seed: integer(ge=-(2**63), le=2**63 - 1) | None = None
 
     def as_chat(self) -> ChatCompletionRequest:
         """The chat completion this request runs as."""
@@ -126,7 +161,17 @@ class ResponsesRequest(StrictRequest):
         chat = {"model": self.model, "messages": ([{"role": "system", "content": self.instructions}]
                                                   if self.instructions is not None else []) + turns,
                 "max_tokens": self.max_output_tokens, "temperature": self.temperature, "top_p": self.top_p,
-                "stream": self.stream, "user": self.user}
+                "stream": self.stream, "user": self.user, "frequency_penalty": self.frequency_penalty,
+                "presence_penalty": self.presence_penalty, "top_k": self.top_k,
+                "repetition_penalty": self.repetition_penalty, "seed": self.seed,
+                "parallel_tool_calls": self.parallel_tool_calls,
+                "tools": [{"type": "function", "function": tool.model_dump(exclude={"type"}, exclude_none=True)}
+                          for tool in self.tools] if self.tools else None,
+                "tool_choice": {"type": "function", "function": {"name": self.tool_choice.name}}
+                if isinstance(self.tool_choice, FunctionToolChoice) else self.tool_choice if self.tools
+                or self.tool_choice == "required" else None}  # without tools auto (OpenAI's default) is no call
+        if self.reasoning is not None and self.reasoning.effort == "none":
+            chat["chat_template_kwargs"] = {"enable_thinking": False}
         if self.text is not None and not isinstance(self.text.format, TextFormat):
             fmt = self.text.format
             chat["response_format"] = {"type": "json_object"} if isinstance(fmt, JsonObjectFormat) else {
@@ -152,6 +197,15 @@ class MessageItem(BaseModel):
     content: list[OutputTextPart] = Field(default_factory=list)
 
 
+class FunctionCallItem(BaseModel):
+    type: Literal["function_call"] = "function_call"
+    id: str = Field(default_factory=lambda: f"fc_{uuid.uuid4().hex}")
+    call_id: str = Field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+    name: str
+    arguments: str
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+
+
 class ReasoningText(BaseModel):
     type: Literal["reasoning_text"] = "reasoning_text"
     text: str
@@ -174,16 +228,21 @@ class OutputTokensDetails(BaseModel):
 
 
 class ResponseUsage(BaseModel):
+    """OpenAI's usage of a response, and SGLang's chat-style names for the same counts (its clients read them)."""
+
     input_tokens: int
     input_tokens_details: InputTokensDetails
     output_tokens: int
     output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
     total_tokens: int
+    prompt_tokens: int
+    completion_tokens: int
 
     @classmethod
     def of(cls, usage: Usage) -> ResponseUsage:
         return cls(input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens,
-                   total_tokens=usage.total_tokens,
+                   total_tokens=usage.total_tokens, prompt_tokens=usage.prompt_tokens,
+                   completion_tokens=usage.completion_tokens,
                    input_tokens_details=InputTokensDetails(cached_tokens=usage.prompt_tokens_details.cached_tokens))
 
 
@@ -193,7 +252,7 @@ class ResponseObject(BaseModel):
     created_at: int = Field(default_factory=unix_now)
     status: Literal["completed", "incomplete", "in_progress", "failed"]
     model: str
-    output: list[ReasoningItem | MessageItem] = Field(default_factory=list)
+    output: list[ReasoningItem | MessageItem | FunctionCallItem] = Field(default_factory=list)
     usage: ResponseUsage | None = None
     incomplete_details: dict[str, str] | None = None
     error: dict[str, str] | None = None
@@ -205,8 +264,10 @@ class ResponseObject(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
     store: bool = False
     parallel_tool_calls: bool = False
-    tool_choice: Literal["none"] = "none"
-    tools: list[Any] = Field(default_factory=list)
+    tool_choice: str | dict[str, str] = "auto"
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    truncation: Literal["disabled"] = "disabled"
+    reasoning: dict[str, Any] | None = None
 
 
 def finished(response: ResponseObject, finish: str | None) -> ResponseObject:
@@ -232,19 +293,26 @@ async def responses(body: ResponsesRequest, request: Request, state: ServerState
     head = ResponseObject(status="in_progress", model=state.args.served_model_name, instructions=body.instructions,
                           max_output_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p,
                           metadata=body.metadata or {},
+                          tool_choice=body.tool_choice.model_dump() if isinstance(body.tool_choice, FunctionToolChoice)
+                          else body.tool_choice or "auto",
+                          tools=[tool.model_dump(exclude_none=True) for tool in body.tools or []],
+                          parallel_tool_calls=body.parallel_tool_calls is not False,
+                          reasoning=body.reasoning.model_dump() if body.reasoning else None,
                           text={"format": body.text.format.model_dump(by_alias=True)} if body.text else
                           {"format": {"type": "text"}})
-    gen, choices = await start(state, chat, chat.conversation(None), 1)
+    tool_use = chat.tool_use(state.args.tool_call_parser)
+    gen, choices = await start(state, chat, chat.conversation(tool_use), 1)
     [choice] = choices
-    parser = chat.output_parser(None, state.args.reasoning_parser, choice.prompt_text)
+    parser = chat.output_parser(tool_use, state.args.reasoning_parser, choice.prompt_text)
     if body.stream:
         return StreamingResponse(named_events(events(state, head, choice, parser, gen.prompts)),
                                  media_type="text/event-stream")
     if not await collect(request, state, choices):
         return Response(status_code=499)  # the client hung up; nobody reads this
     delta = parser.feed(choice.text) + parser.finish(choice.finish)
-    head.output = ([ReasoningItem(content=[ReasoningText(text=delta.reasoning)])] if delta.reasoning else []) + [
-        MessageItem(content=[OutputTextPart(text=delta.content)])]
+    message = [MessageItem(content=[OutputTextPart(text=delta.content)])] if delta.content or not delta.calls else []
+    head.output = ([ReasoningItem(content=[ReasoningText(text=delta.reasoning)])] if delta.reasoning else []) + \
+        message + [FunctionCallItem(name=call.name, arguments=call.arguments) for call in delta.calls]
     head.usage = ResponseUsage.of(usage(choices, gen.prompts))
     return Response(finished(head, choice.finish).model_dump_json(), media_type="application/json")
 
@@ -257,8 +325,8 @@ def named_events(events: AsyncIterator[dict]) -> AsyncIterator[str]:
 
 
 async def events(state: ServerState, head: ResponseObject, choice: Choice, parser, prompts) -> AsyncIterator[dict]:
-    """response.created, then each output item opened, filled by deltas and closed, then
-    response.completed (or .incomplete, or .failed with the error)."""
+    """response.created, then each output item opened, filled by deltas and closed (a function call in one
+    delta), then response.completed (or .incomplete, or .failed with the error)."""
     numbers = itertools.count()
 
     def event(kind: str, **fields: Any) -> dict:
@@ -269,12 +337,12 @@ async def events(state: ServerState, head: ResponseObject, choice: Choice, parse
 
     yield event("response.created", response=dump(head))
     yield event("response.in_progress", response=dump(head))
-    items: list[ReasoningItem | MessageItem] = []
+    items: list[ReasoningItem | MessageItem | FunctionCallItem] = []
 
     def opened(kind: type) -> list[dict]:
         """Close the open item if it is of another kind and open one of `kind`; the events that says."""
         said = []
-        if items and not isinstance(items[-1], kind):
+        if items and not isinstance(items[-1], kind) and items[-1].status == "in_progress":
             said += closed()
         if not items or not isinstance(items[-1], kind) or items[-1].status != "in_progress":
             item = kind(status="in_progress")
@@ -311,18 +379,36 @@ async def events(state: ServerState, head: ResponseObject, choice: Choice, parse
                                  content_index=0, delta=text, **({"logprobs": []} if kind is MessageItem else {})))
         return out
 
+    def called(call) -> list[dict]:
+        """A function call, whole: its item opened, its arguments in one delta, the item closed."""
+        out = closed() if items and items[-1].status == "in_progress" else []
+        item = FunctionCallItem(name=call.name, arguments="", status="in_progress")
+        items.append(item)
+        index = len(items) - 1
+        out.append(event("response.output_item.added", output_index=index, item=dump(item)))
+        item.arguments, item.status = call.arguments, "completed"
+        return out + [event("response.function_call_arguments.delta", item_id=item.id, output_index=index,
+                            delta=call.arguments),
+                      event("response.function_call_arguments.done", item_id=item.id, output_index=index,
+                            arguments=call.arguments),
+                      event("response.output_item.done", output_index=index, item=dump(item))]
+
     try:
         async for _, out in outputs(state, [choice]):
             delta = parser.feed(out.text)
             if out.finish_reason:
                 delta += parser.finish(out.finish_reason)
-            for e in said(delta.reasoning, delta.content):
+            for e in said(delta.reasoning, delta.content) + [e for call in delta.calls for e in called(call)]:
                 yield e
     except RequestFailed as failed:
         head.status, head.error = "failed", {"code": "server_error", "message": failed.message}
         yield event("response.failed", response=dump(head))
         return
-    for e in opened(MessageItem) + closed():  # a message item, even an empty one, ends every response
+    if any(isinstance(item, FunctionCallItem) for item in items):
+        ending = closed() if items[-1].status == "in_progress" else []
+    else:
+        ending = opened(MessageItem) + closed()  # a message item, even an empty one, ends a response without calls
+    for e in ending:
         yield e
     head.output, head.usage = items, ResponseUsage.of(usage([choice], prompts))
     done = finished(head, choice.finish)
