@@ -32,7 +32,7 @@ from minisgl.server.protocol import (
     integer,
     unix_now,
 )
-from minisgl.server.routes.chat import ChatCompletionRequest, FunctionName
+from minisgl.server.routes.chat import ChatCompletionRequest, FunctionDefinition, FunctionName
 from minisgl.server.state import ServerState, server_state
 
 router = APIRouter()
@@ -106,14 +106,10 @@ class ReasoningConfig(StrictRequest):
                           "effort leaves thinking on (this server has no effort levels)")
 
 
-class FunctionTool(StrictRequest):
-    """A function the model may call, in the Responses API's flat form."""
+class FunctionTool(FunctionDefinition):
+    """A function the model may call, in the Responses API's flat form: chat's definition beside its type."""
 
     type: Literal["function"]
-    name: FunctionName
-    description: Text | None = None
-    parameters: dict[str, Any] | None = Field(None, description="a JSON schema of the arguments object")
-    strict: bool | None = Field(None, description="forced calls always match `parameters`; false is not weaker")
 
 
 class FunctionToolChoice(StrictRequest):
