@@ -56,8 +56,7 @@ class GenerateRequest:
 
 
 async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, prompt: PromptInput) -> GenerateRequest:
-    chat = isinstance(prompt, Conversation) or bool(prompt) and isinstance(prompt[0], Conversation)
-    prompt_param = "messages" if chat else "prompt"
+    prompt_param = "messages" if is_chat(prompt) else "prompt"
     values, renamed = body.sampling()
     truncation = body.prompt_truncation(limits.max_seq_len) if isinstance(body, VllmExtras) else None
     encoded = await encode(codec, limits, prompt, whole=truncation is not None)
@@ -120,12 +119,17 @@ def refusals_named(prompt_param: str, renamed: dict[str, str]) -> Iterator[None]
         raise ApiError(400, f"{param} {rest}", param=param) from None
 
 
+def is_chat(prompt: PromptInput) -> bool:
+    """A conversation, or several (a batch of chats), rather than texts or token ids."""
+    return isinstance(prompt, Conversation) or bool(prompt) and isinstance(prompt[0], Conversation)
+
+
 async def encode(codec: TextCodec, limits: ModelLimits, prompt: PromptInput, whole: bool = False
                  ) -> list[tuple[int, list[int], str | None]]:
     """(token count, ids, text) of every prompt; text is tokenized off the loop, and the ids of a text too
     long for the context are never built (left empty) unless `whole` (it is to be truncated)."""
     limit = math.inf if whole else limits.max_seq_len
-    if isinstance(prompt, Conversation) or prompt and isinstance(prompt[0], Conversation):
+    if is_chat(prompt):
         codec.require("messages", "chat needs a tokenizer and a chat template; send token ids to /v1/completions")
         return [await codec.encode_chat(c, limit) for c in ([prompt] if isinstance(prompt, Conversation) else prompt)]
     if prompt and isinstance(prompt[0], str):
