@@ -5,6 +5,8 @@ Both kernels read keys and values straight from the KV pool through the page tab
 the tokens stored this step are one loop. Query heads that share a KV head are packed into the rows
 of one tile: K/V are loaded once per KV head, and `tl.dot` gets at least 16 rows even in decode.
 Scores use exp2 with the scale folded in; accumulation is fp32, output in q's dtype.
+The per-request metadata (rows, lengths) are views into one packed tensor whose alignment follows the
+batch size: they are not specialized, so no batch compiles a new variant after the warm-up.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ def _split_chunk(seq_len, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
     return tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows_ptr", "seq_lens_ptr"])
 def _decode_split_kernel(q_ptr, k_ptr, v_ptr, page_table_ptr, rows_ptr, seq_lens_ptr, out_ptr, part_out_ptr,
                          part_lse_ptr, stride_qt, stride_qh, stride_slot, stride_kh, stride_pt, stride_ot, stride_oh,
                          qk_scale, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
@@ -133,7 +135,7 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, page_table_ptr, rows_ptr, seq_lens
         tl.store(part_out_ptr + lse_offsets[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seq_lens_ptr"])
 def _decode_reduce_kernel(seq_lens_ptr, part_out_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh,
                           HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -154,7 +156,7 @@ def _decode_reduce_kernel(seq_lens_ptr, part_out_ptr, part_lse_ptr, out_ptr, str
     tl.store(out_ptr + req * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=mask_d)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows_ptr", "kv_lens_ptr", "extend_lens_ptr", "q_starts_ptr"])
 def _extend_kernel(q_ptr, k_ptr, v_ptr, page_table_ptr, rows_ptr, kv_lens_ptr, extend_lens_ptr, q_starts_ptr,
                    out_ptr, stride_qt, stride_qh, stride_slot, stride_kh, stride_pt, stride_ot, stride_oh, qk_scale,
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, TOKENS: tl.constexpr,

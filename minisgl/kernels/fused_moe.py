@@ -23,6 +23,9 @@ import triton.language as tl
 # Align: up to PAIRS_PER_PROGRAM pairs (decode batches) are sorted by a single program in one launch;
 # more are counted, then placed, by up to MAX_ALIGN_PROGRAMS programs. A program takes its pairs a chunk
 # at a time, as a [chunk, experts] tile of about ALIGN_TILE elements.
+# Arguments that change with the batch are not specialized, and the programs' counts are read as one
+# [MAX_ALIGN_PROGRAMS, experts] tile whatever their number: Triton would otherwise compile a variant per value
+# class (== 1, divisible by 16, a power of two) in the middle of serving, after the warm-up (seconds each).
 PAIRS_PER_PROGRAM = 128  # on the H200, 128 to 1024 tokens x top-8 align twice as fast as with 512 (benchmarks/moe.py)
 MAX_ALIGN_PROGRAMS = 128
 ALIGN_TILE = 16384
@@ -40,7 +43,7 @@ def _count_experts(ids_ptr, start, stop, E_POW2: tl.constexpr, CHUNK: tl.constex
     return counts
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "pairs_per_program"])
 def _count_kernel(ids_ptr, counts_ptr, num_pairs, pairs_per_program, E_POW2: tl.constexpr, CHUNK: tl.constexpr):
     """Per-program expert counts, for the multi-program align of large batches."""
     pid = tl.program_id(0)
@@ -50,7 +53,7 @@ def _count_kernel(ids_ptr, counts_ptr, num_pairs, pairs_per_program, E_POW2: tl.
     tl.store(counts_ptr + pid * E_POW2 + tl.arange(0, E_POW2), counts)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "pairs_per_program", "num_programs", "max_blocks"])
 def _place_kernel(ids_ptr, counts_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr,
                   num_pairs, pairs_per_program, num_programs, max_blocks,
                   BLOCK_M: tl.constexpr, E_POW2: tl.constexpr, P_POW2: tl.constexpr, CHUNK: tl.constexpr,
@@ -162,11 +165,11 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int, pairs_per_program: 
         _count_kernel[(programs,)](flat, counts, num_pairs, pairs_per_program, E_POW2=e_pow2, CHUNK=chunk)
     _place_kernel[(programs,)](flat, counts, sorted_ids, block_expert, num_padded, num_pairs, pairs_per_program,
                                programs, blocks, BLOCK_M=block_m, E_POW2=e_pow2,
-                               P_POW2=triton.next_power_of_2(programs), CHUNK=chunk, SINGLE=programs == 1)
+                               P_POW2=MAX_ALIGN_PROGRAMS, CHUNK=chunk, SINGLE=programs == 1)
     return sorted_ids, block_expert, num_padded
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "blocks_m"])
 def _expert_gemm_kernel(a_ptr, b_ptr, c_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, weights_ptr,
                         num_pairs, rows_per_token, N, K, blocks_m,
                         stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,

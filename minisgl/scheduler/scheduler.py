@@ -141,23 +141,32 @@ class Scheduler:
             self._finish(req, "abort")
 
     def warm_up(self, lengths: tuple[int, ...] | None = None) -> None:
-        """Before the first user request: one short request per prefill size class, one after another, on a
-        GPU (Triton compiles a kernel variant, such as a fused-MoE tile config, the first time a size needs it:
-        that belongs to start-up, not to somebody's request); one tiny request elsewhere. Nothing stays behind:
-        every rank's prefix cache is emptied and the counters start from zero. `lengths` overrides the choice
-        (tests)."""
+        """Before the first user request: on a GPU, one greedy request per prefill size class, one after
+        another, then a batch of sampled requests that extend a cached prefix; one tiny request of each kind
+        elsewhere. Triton compiles a kernel variant (a fused-MoE tile config, the sampling kernels) the first
+        time a batch needs it: that belongs to start-up, not to somebody's request. The size-class prompts
+        start with different tokens, so none shortens another's prefill by a prefix hit. Nothing stays
+        behind: every rank's prefix cache is emptied and the counters start from zero. `lengths` overrides
+        the choice (tests)."""
         room = min(self.max_prefill_tokens, self.engine.max_seq_len - 2, self.engine.num_pages * self.kv.page_size // 4)
         if lengths is None:
             lengths = WARM_UP_LENGTHS if self.engine.device.type == "cuda" else (4,)
-        lengths = [n for n in lengths if n <= room]
-        params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
-        for i, n in enumerate(lengths):
-            self.tick([AddReq(Req(-1 - i, [t % self.engine.config.vocab_size for t in range(n)], params, seed=0))])
-            while self.has_work:
-                self.tick([])
+        vocab = self.engine.config.vocab_size
+        prompts = [[(i + 1 + t) % vocab for t in range(n)] for i, n in enumerate(n for n in lengths if n <= room)]
+        greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+        for i, prompt in enumerate(prompts):
+            self._run_to_completion([Req(-1 - i, prompt, greedy, seed=0)])
+        sampled = SamplingParams(temperature=0.7, max_tokens=2, ignore_eos=True)
+        self._run_to_completion([Req(-1 - len(prompts) - k, prompts[0] + [k] * (k + 1), sampled, seed=k)
+                                 for k in range(3 if prompts else 0)])
         self.tick([FlushCache()])
         self.finished.clear()
         self.num_retracted = self.cache_hit_tokens = self.prompt_tokens_admitted = 0
+
+    def _run_to_completion(self, reqs: list[Req]) -> None:
+        self.tick([AddReq(req) for req in reqs])
+        while self.has_work:
+            self.tick([])
 
     def tick(self, messages: list | None) -> None:
         """One lockstep iteration, identical on every rank: agree on the messages, then step if there
