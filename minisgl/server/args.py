@@ -34,6 +34,7 @@ class ServerArgs:
     reasoning_parser: str | None = None
     root_path: str = ""
     force_include_usage: bool = False  # every streamed chunk carries the usage so far, as vLLM's flag has it
+    max_stored_responses: int = 1024  # the Responses API's store: past this, the least recently used are dropped
 
 
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's (and torch's) other names
@@ -154,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--metrics-naming", choices=NAMINGS, default="sglang",
                         help="name /metrics series as SGLang (sglang:*) or vLLM (vllm:*) does, for their "
                              "dashboards and routers (default: sglang)")
+    server.add_argument("--max-stored-responses", type=positive_int, default=1024,
+                        help="responses kept for GET /v1/responses/{id} and previous_response_id (in memory); past "
+                             "this the least recently used finished ones are dropped (default: 1024)")
     server.add_argument("--shell", action="store_true", help="interactive chat in this terminal (/reset, /exit)")
     server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
@@ -204,4 +208,4 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     return ServerArgs(engine, a.host, a.port, a.served_model_name or a.model, a.api_key, a.max_queued_requests,
                       a.max_request_bytes, a.shutdown_timeout, a.shell, a.demo, a.log_level, a.skip_tokenizer_init,
                       a.metrics_naming, a.tool_call_parser, a.reasoning_parser, a.root_path,
-                      a.enable_force_include_usage)
+                      a.enable_force_include_usage, a.max_stored_responses)
