@@ -120,7 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
                          default="xgrammar", help="SGLang's and vLLM's spellings: structured outputs always use "
                                                   "xgrammar (another backend is refused)")
     outputs.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS),
-                         help="move the model's <think>...</think> into reasoning_content (qwen3, deepseek-r1)")
+                         type=lambda name: name.replace("_", "-"),
+                         help="move the model's <think>...</think> into reasoning_content (qwen3, deepseek-r1; "
+                              "vLLM spells it deepseek_r1)")
     outputs.add_argument("--reasoning-config", type=json.loads,
                          help="vLLM's: accepted when its reasoning_start_str/reasoning_end_str are the reasoning "
                               "parser's own markers (they cannot be changed)")
