@@ -90,7 +90,7 @@ def test_earlier_output_sent_back_as_input(client):
 
 @pytest.mark.parametrize("body, param", [
     ({"background": True, "store": False}, "background"),
-    ({"background": True, "stream": True}, "stream"),
+    ({"background": True, "stream": True}, "background"),
     ({"input": []}, "input"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "foo"}}}}, "response_format"),

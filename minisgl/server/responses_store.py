@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Coroutine
 
 from minisgl.server.errors import ApiError
 
@@ -34,6 +34,14 @@ class ResponseStore:
     def __init__(self, capacity: int):
         self.capacity = capacity
         self.entries: OrderedDict[str, Stored] = OrderedDict()
+        self.running: set[asyncio.Task] = set()  # held here: the event loop keeps only weak references to tasks
+
+    def run_behind(self, entry: Stored, work: Coroutine) -> None:
+        """Keep `entry` and run `work` (its generation) as its task, until it ends or is stopped."""
+        entry.task = asyncio.create_task(work)
+        self.running.add(entry.task)
+        entry.task.add_done_callback(self.running.discard)
+        self.put(entry)
 
     def put(self, entry: Stored) -> None:
         self.entries[entry.response.id] = entry

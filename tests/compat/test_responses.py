@@ -126,6 +126,15 @@ def test_a_background_response_is_queued_then_stored_whole(client):
     assert polled.output_text == client.responses.create(**args).output_text and polled.status == "incomplete"
 
 
+def wait_until_nothing_runs(demo) -> None:
+    """No sequence left and every KV page free (cached ones evictable); the scheduler frees them on its next
+    step, so this waits for it (30 s at most: a generation left running would take minutes)."""
+    deadline = time.monotonic() + 30
+    while not pages_all_free(demo.info()):
+        assert time.monotonic() < deadline, demo.info()["scheduler"]
+        time.sleep(0.05)
+
+
 def test_cancelling_a_background_response_stops_its_generation(client, demo):
     """vLLM test_background_cancel: cancel answers `cancelled`, the status stays so, and the generation is
     aborted: no sequence runs and every KV page is free again (cached pages are evictable)."""
@@ -133,10 +142,7 @@ def test_cancelling_a_background_response_stops_its_generation(client, demo):
     while client.responses.retrieve(queued.id).status == "queued":
         time.sleep(0.05)
     assert client.responses.cancel(queued.id).status == "cancelled"
-    deadline = time.monotonic() + 30  # the scheduler frees the pages on its next step
-    while not pages_all_free(demo.info()):
-        assert time.monotonic() < deadline, demo.info()["scheduler"]
-        time.sleep(0.05)
+    wait_until_nothing_runs(demo)
     stopped = client.responses.retrieve(queued.id)
     assert stopped.status == "cancelled" and stopped.output == []
     assert client.responses.cancel(queued.id).status == "cancelled"  # cancelling again changes nothing
@@ -296,3 +302,13 @@ def test_websocket_mode_errors_keep_the_connection(demo):
         [unknown] = turn(socket, input="Hi", colour="red")
         assert (unknown["status"], unknown["error"]["param"]) == (400, "colour")
         assert turn(socket, input="Hi", max_output_tokens=2)[-1]["type"] == "response.incomplete"
+
+
+def test_a_socket_closed_mid_turn_stops_its_generation(demo):
+    """A client that hangs up during a turn leaves nothing running: the generation is aborted and its KV
+    pages are free again (as for an HTTP stream the client leaves)."""
+    with connect(demo.url.replace("http", "ws") + "/v1/responses") as socket:
+        socket.send(json.dumps({"type": "response.create", "input": "Write a long story about a cat."}))
+        while json.loads(socket.recv())["type"] != "response.output_text.delta":
+            pass
+    wait_until_nothing_runs(demo)

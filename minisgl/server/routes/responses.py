@@ -13,9 +13,9 @@ thinking is a `reasoning` output item before the message. Responses are stored (
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
+import logging
 import uuid
 from typing import Annotated, Any, AsyncIterator, Callable, Literal
 
@@ -42,6 +42,7 @@ from minisgl.server.routes.chat import ChatCompletionRequest, FunctionDefinition
 from minisgl.server.state import ServerState, server_state
 
 router = APIRouter()
+logger = logging.getLogger("minisgl.api")
 
 
 # ---------------------------------------------------------------- request
@@ -231,7 +232,7 @@ class ResponsesRequest(StrictRequest):
             raise ApiError(400, "background can only be used when `store` is true", param="background")
         if self.background and self.stream:
             raise ApiError(400, "background responses are not streamed here; poll GET /v1/responses/{id}",
-                           param="stream")
+                           param="background")
         turns = history + self.turns()
         if not any(turn["role"] != "assistant" for turn in turns):
             raise ApiError(400, "input holds no message", param="input")
@@ -434,9 +435,7 @@ async def responses(body: ResponsesRequest, request: Request, state: ServerState
     if body.background:
         run.head.status = "queued"
         answer = run.head.model_dump_json()
-        entry = run.stored()
-        entry.task = asyncio.create_task(behind(state, run, store))
-        store.put(entry)
+        store.run_behind(run.stored(), behind(state, run, store))
         return Response(answer, media_type="application/json")
     if body.stream:
         return StreamingResponse(named_events(events(state, run, keep)), media_type="text/event-stream")
@@ -457,6 +456,10 @@ async def behind(state: ServerState, run: Run, store: ResponseStore) -> None:
             pass
     except RequestFailed as failed:
         run.head.status, run.head.error = "failed", {"code": "server_error", "message": failed.message}
+    except Exception as exc:  # a bug: the response must still end (failed), not stay in progress
+        logger.exception("background response %s failed", run.head.id)
+        run.head.status, run.head.error = "failed", {"code": "server_error",
+                                                     "message": f"internal error: {type(exc).__name__}"}
     else:
         run.whole()
     store.put(run.stored())
