@@ -61,11 +61,11 @@ class ResponseStore:
 
     def previous(self, response_id: str) -> Stored:
         """The response a request continues from; an unknown id is the request's error (400, as OpenAI has it)."""
-        entry = self.entries.get(response_id)
-        if entry is None:
+        if response_id not in self.entries:
             raise ApiError(400, f"Previous response with id '{response_id[:200]}' not found.",
                            param="previous_response_id", code="previous_response_not_found")
-        return entry
+        self.entries.move_to_end(response_id)
+        return self.entries[response_id]
 
     async def cancel(self, response_id: str) -> Stored:
         """Stop a background response that is still running (its generation is aborted before this returns);

@@ -91,7 +91,7 @@ class FunctionCallInput(StrictRequest):
     call_id: Text
     name: Text
     arguments: Text
-    namespace: Text | None = None
+    namespace: None = Field(None, description="as this server returned it (none: namespace tools are not served)")
     id: Text | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
@@ -395,7 +395,8 @@ class Run:
         self.head.usage = ResponseUsage.of(usage([self.choice], self.prompts))
         return finished(self.head, self.choice.finish)
 
-    def stored(self) -> Stored:
+    def entry(self) -> Stored:
+        """What the store keeps of this response."""
         body = self.body
         items = [body.input] if isinstance(body.input, str) else body.input
         return Stored(self.head, self.history + body.turns() + as_messages(self.head.output),
@@ -435,7 +436,7 @@ async def responses(body: ResponsesRequest, request: Request, state: ServerState
     if body.background:
         run.head.status = "queued"
         answer = run.head.model_dump_json()
-        store.run_behind(run.stored(), behind(state, run, store))
+        store.run_behind(run.entry(), behind(state, run, store))
         return Response(answer, media_type="application/json")
     if body.stream:
         return StreamingResponse(named_events(events(state, run, keep)), media_type="text/event-stream")
@@ -443,7 +444,7 @@ async def responses(body: ResponsesRequest, request: Request, state: ServerState
         return Response(status_code=499)  # the client hung up; nobody reads this
     head = run.whole()
     if keep:
-        keep(run.stored())
+        keep(run.entry())
     return Response(head.model_dump_json(), media_type="application/json")
 
 
@@ -462,7 +463,7 @@ async def behind(state: ServerState, run: Run, store: ResponseStore) -> None:
                                                      "message": f"internal error: {type(exc).__name__}"}
     else:
         run.whole()
-    store.put(run.stored())
+    store.put(run.entry())
 
 
 STORED = error_responses(400, 401, 404)
@@ -606,7 +607,7 @@ async def events(state: ServerState, run: Run, keep: Callable[[Stored], None] | 
     except RequestFailed as failed:
         head.status, head.error = "failed", {"code": "server_error", "message": failed.message}
         if keep:
-            keep(run.stored())
+            keep(run.entry())
         yield event("response.failed", response=dump(head))
         return
     if any(isinstance(item, FunctionCallItem) for item in items):
@@ -618,5 +619,5 @@ async def events(state: ServerState, run: Run, keep: Callable[[Stored], None] | 
     head.output, head.usage = items, ResponseUsage.of(usage([choice], run.prompts))
     done = finished(head, choice.finish)
     if keep:
-        keep(run.stored())
+        keep(run.entry())
     yield event("response.incomplete" if done.status == "incomplete" else "response.completed", response=dump(done))
