@@ -70,7 +70,8 @@ def build_app(state: ServerState) -> FastAPI:
             schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
             app.openapi_schema = describe_this_server(schema, state, [chat.ChatCompletionChunk,
                                                                       completions.CompletionChunk,
-                                                                      generate.GenerateOutput])
+                                                                      generate.GenerateOutput,
+                                                                      responses.Deleted])
         return app.openapi_schema
 
     app.openapi = openapi

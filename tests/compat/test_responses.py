@@ -301,6 +301,8 @@ def test_websocket_mode_errors_keep_the_connection(demo):
         assert (refused["status"], refused["error"]["param"]) == (400, "stream")
         [unknown] = turn(socket, input="Hi", colour="red")
         assert (unknown["status"], unknown["error"]["param"]) == (400, "colour")
+        [not_bool] = turn(socket, input="Hi", generate="no")
+        assert (not_bool["status"], not_bool["error"]["param"]) == (400, "generate")
         assert turn(socket, input="Hi", max_output_tokens=2)[-1]["type"] == "response.incomplete"
 
 

@@ -222,6 +222,10 @@ class ResponsesRequest(StrictRequest):
     def stored(self) -> bool:
         return self.store is not False
 
+    def listed_input(self) -> list[dict]:
+        """This request's input items as `input_items` lists them."""
+        return [listed(item) for item in ([self.input] if isinstance(self.input, str) else self.input)]
+
     def turns(self) -> list[dict]:
         """This request's input as chat messages."""
         return [{"role": "user", "content": self.input}] if isinstance(self.input, str) else as_messages(self.input)
@@ -397,10 +401,8 @@ class Run:
 
     def entry(self) -> Stored:
         """What the store keeps of this response."""
-        body = self.body
-        items = [body.input] if isinstance(body.input, str) else body.input
-        return Stored(self.head, self.history + body.turns() + as_messages(self.head.output),
-                      [listed(item) for item in items])
+        return Stored(self.head, self.history + self.body.turns() + as_messages(self.head.output),
+                      self.body.listed_input())
 
 
 def head_of(body: ResponsesRequest, model: str) -> ResponseObject:
@@ -469,22 +471,25 @@ async def behind(state: ServerState, run: Run, store: ResponseStore) -> None:
 STORED = error_responses(400, 401, 404)
 
 
-@router.get("/v1/responses/{response_id}", response_model=ResponseObject, responses=STORED)
-async def get_response(response_id: str, store: ResponseStore = Depends(response_store)) -> Response:
-    return Response(store.get(response_id).response.model_dump_json(), media_type="application/json")
-
-
 class Deleted(BaseModel):
     id: str
     object: Literal["response"] = "response"
     deleted: bool = True
 
 
-@router.delete("/v1/responses/{response_id}", response_model=Deleted, responses=STORED)
-async def delete_response(response_id: str, store: ResponseStore = Depends(response_store)) -> Deleted:
-    """Forget a stored response (a background one still running is stopped first)."""
-    await store.delete(response_id)
-    return Deleted(id=response_id)
+# GET and DELETE are one route: a 405 then lists both in `Allow` (Starlette answers 405 from the first route
+# whose path matches).
+@router.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"], response_model=None, responses={
+    200: {"content": {"application/json": {"schema": {"anyOf": [
+        {"$ref": "#/components/schemas/ResponseObject"}, {"$ref": "#/components/schemas/Deleted"}]}}},
+          "description": "GET: the stored response; DELETE: that it is forgotten"}, **STORED})
+async def stored_response(response_id: str, request: Request,
+                          store: ResponseStore = Depends(response_store)) -> Response:
+    """GET: a stored response. DELETE: forget it (a background one still running is stopped first)."""
+    if request.method == "DELETE":
+        await store.delete(response_id)
+        return Response(Deleted(id=response_id).model_dump_json(), media_type="application/json")
+    return Response(store.get(response_id).response.model_dump_json(), media_type="application/json")
 
 
 @router.post("/v1/responses/{response_id}/cancel", response_model=ResponseObject, responses=STORED)

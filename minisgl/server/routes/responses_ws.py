@@ -52,9 +52,12 @@ class Connection:
             if transport in fields:
                 return await self.error(400, "invalid_request_error", f"{transport} is not used in WebSocket "
                                                                       f"mode", transport)
+        generate = event.get("generate", True)
+        if not isinstance(generate, bool):
+            return await self.error(400, "invalid_request_error", "generate must be true or false", "generate")
         try:
             body = ResponsesRequest.model_validate(fields | {"stream": True})
-            await self.create(body, generate=event.get("generate", True) is not False)
+            await self.create(body, generate)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = field_path(first["loc"])
@@ -87,7 +90,7 @@ class Connection:
         body.as_chat(history)  # the request is checked as a generating one would be
         head = head_of(body, self.state.args.served_model_name)
         head.status = "completed"
-        self.last = Stored(head, history + body.turns(), [])
+        self.last = Stored(head, history + body.turns(), body.listed_input())
         if body.stored:
             self.store.put(self.last)
         for number, kind in enumerate(("response.created", "response.completed")):
