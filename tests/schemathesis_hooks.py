@@ -6,7 +6,9 @@ than may queue (code too_many_sequences), logit_bias (keys checked against the v
 cannot bound for map keys), grammars (a JSON schema, regex, EBNF or choice, under any of OpenAI's, SGLang's
 or vLLM's names, that xgrammar cannot follow; two grammars at once), continue_final_message with
 add_generation_prompt, tools (a chat template that cannot show them, tool_choice naming a function not in
-tools or set without tools, no --tool-call-parser for auto), a Responses input without a message,
+tools or set without tools, no --tool-call-parser for auto), a Responses input without a message, a
+previous_response_id that is not stored (code previous_response_not_found), background without store or with
+stream,
 and the rules across fields (min_tokens <= max_tokens, and none with a grammar; /generate's
 min_new_tokens <= max_new_tokens; top_logprobs needs logprobs; prompt_logprobs_temperature needs prompt
 scoring; stream_options needs stream; truncation_side needs truncate_prompt_tokens; a chat has messages or
@@ -21,13 +23,14 @@ from __future__ import annotations
 import schemathesis
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-REFUSALS_BY_CODE = {"context_length_exceeded", "too_many_sequences"}
+REFUSALS_BY_CODE = {"context_length_exceeded", "too_many_sequences", "previous_response_not_found"}
 REFUSALS_BY_PARAM = {"min_tokens", "sampling_params.min_new_tokens", "top_logprobs", "logit_bias",
                      "sampling_params.logit_bias", "stream_options",
                      "response_format", "regex", "ebnf", "tools", "tool_choice", "input", "structured_outputs",
                      "guided_json", "guided_regex", "guided_choice", "guided_grammar", "sampling_params.json_schema",
                      "continue_final_message", "prompt_logprobs_temperature", "seed", "truncation_side",
-                     "messages", "prompt_token_ids", "add_generation_prompt", "echo", "chat_template_kwargs"}
+                     "messages", "prompt_token_ids", "add_generation_prompt", "echo", "chat_template_kwargs",
+                     "background"}
 
 
 @schemathesis.check

@@ -166,6 +166,13 @@ def stop_probe(f: Front) -> bool:
     return f.text(max_tokens=16, ignore_eos=True, stop=stop) == text[:text.index(stop)]
 
 
+def store_probe(f: Front) -> bool:
+    """Kept by default (GET /v1/responses/{id} finds it), not with store: false (404)."""
+    def found(response_id: str) -> int:
+        return httpx.get(f"{f.server.url}/v1/responses/{response_id}", timeout=60).status_code
+    return found(f.ok()["id"]) == 200 and found(f.ok(store=False)["id"]) == 404
+
+
 def user_probe(f: Front) -> bool:
     name = f"user-{f.path}"
     f.ok(user=name)
@@ -246,7 +253,9 @@ RESPONSES_PROBES = {
     "stream": lambda f: f.send(stream=True).text.startswith("event: response.created"),
     "text": lambda f: isinstance(json.loads(f.text(text={"format": {"type": "json_object"}},
                                                    max_output_tokens=300)), dict),
-    "store": lambda f: f.refused("store", store=True),
+    "store": store_probe,
+    "background": lambda f: f.ok(background=True)["status"] == "queued",
+    "previous_response_id": lambda f: f.usage(previous_response_id=f.ok()["id"])[0] > f.usage()[0],
     "metadata": lambda f: f.ok(metadata={"run": "42"})["metadata"] == {"run": "42"},
     "user": user_probe,
     "tools": lambda f: [item["name"] for item in f.ok(
@@ -295,7 +304,7 @@ def test_each_field_is_honoured_or_refused(server, front, field):
 @pytest.mark.parametrize("front", FRONTS)
 def test_a_field_no_model_declares_is_refused_by_name(server, front):
     _, _, path, base = FRONTS[front]
-    for unknown in ("suffix", "service_tier", "reasoning_effort", "previous_response_id", "tools_choice"):
+    for unknown in ("suffix", "service_tier", "reasoning_effort", "conversation", "tools_choice"):
         resp = Front(server, path, base).send(**{unknown: "x"})
         assert resp.status_code == 400 and resp.json()["error"]["param"] == unknown, resp.text
         assert "unknown parameter" in resp.json()["error"]["message"]

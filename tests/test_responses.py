@@ -12,6 +12,8 @@ import openai
 import pytest
 from server_utils import Server
 from template_models import QWEN3_LIKE, with_chat_template
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 ASK = "Tell me about caches."
 SYSTEM = "You are terse."
@@ -87,7 +89,8 @@ def test_earlier_output_sent_back_as_input(client):
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"store": True}, "store"),
+    ({"background": True, "store": False}, "background"),
+    ({"background": True, "stream": True}, "background"),
     ({"input": []}, "input"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "foo"}}}}, "response_format"),
@@ -113,5 +116,28 @@ def test_thinking_becomes_a_reasoning_item(tiny_models, tmp_path):
         events = list(client.responses.create(**kwargs, stream=True))
         deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
         assert deltas == reasoning.content[0].text and events[-1].response.output[0].content[0].text == deltas
+    finally:
+        assert srv.stop() == 0
+
+
+def test_the_store_is_bounded_and_the_socket_needs_the_key(tiny_models):
+    """--max-stored-responses: past it the least recently used response is dropped (404, as an unknown id).
+    With --api-key the WebSocket mode needs the key too (the HTTP middleware does not see sockets)."""
+    srv = Server(tiny_models["qwen3"], "--max-stored-responses", "2", api_key="sekret")
+    try:
+        client = srv.openai_client(api_key="sekret")
+        ids = [client.responses.create(model="tiny", input=f"turn {i}", max_output_tokens=2).id for i in range(3)]
+        client.responses.retrieve(ids[1])  # used: now the most recent
+        client.responses.create(model="tiny", input="turn 3", max_output_tokens=2)
+        for gone in (ids[0], ids[2]):
+            with pytest.raises(openai.NotFoundError):
+                client.responses.retrieve(gone)
+        assert client.responses.retrieve(ids[1]).id == ids[1]
+        url = srv.url.replace("http", "ws") + "/v1/responses"
+        with pytest.raises(InvalidStatus):
+            connect(url).close()
+        with connect(url, additional_headers={"Authorization": "Bearer sekret"}) as socket:
+            socket.send(json.dumps({"type": "response.create", "input": "Hi", "generate": False}))
+            assert json.loads(socket.recv())["type"] == "response.created"
     finally:
         assert srv.stop() == 0

@@ -25,6 +25,7 @@ from pydantic.json_schema import models_json_schema
 from minisgl.server.errors import install_error_handlers
 from minisgl.server.middleware import OPEN_PATHS, ApiKeyCheck, BodySizeLimit
 from minisgl.server.protocol import SERVED_MODEL_MARK, TOKEN_ID_MARK
+from minisgl.server.responses_store import ResponseStore
 from minisgl.server.routes import (
     chat,
     chat_batch,
@@ -35,6 +36,7 @@ from minisgl.server.routes import (
     models,
     ops,
     responses,
+    responses_ws,
     tokenize,
 )
 from minisgl.server.state import ServerState
@@ -54,8 +56,10 @@ def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="minisgl", summary="OpenAI-compatible LLM server", lifespan=lifespan,
                   root_path=state.args.root_path)
     app.state.server = state
+    app.state.responses = ResponseStore(state.args.max_stored_responses)
     install_error_handlers(app)
-    for module in (chat, chat_batch, completions, invocations, responses, generate, tokenize, models, load, ops):
+    for module in (chat, chat_batch, completions, invocations, responses, responses_ws, generate, tokenize, models,
+                   load, ops):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, limit=state.args.max_request_bytes)
     if state.args.api_key:
@@ -66,7 +70,8 @@ def build_app(state: ServerState) -> FastAPI:
             schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
             app.openapi_schema = describe_this_server(schema, state, [chat.ChatCompletionChunk,
                                                                       completions.CompletionChunk,
-                                                                      generate.GenerateOutput])
+                                                                      generate.GenerateOutput,
+                                                                      responses.Deleted])
         return app.openapi_schema
 
     app.openapi = openapi

@@ -34,6 +34,7 @@ class ServerArgs:
     reasoning_parser: str | None = None
     root_path: str = ""
     force_include_usage: bool = False  # every streamed chunk carries the usage so far, as vLLM's flag has it
+    max_stored_responses: int = 1024  # the Responses API's store: past this, the least recently used are dropped
 
 
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's (and torch's) other names
@@ -119,7 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
                          default="xgrammar", help="SGLang's and vLLM's spellings: structured outputs always use "
                                                   "xgrammar (another backend is refused)")
     outputs.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS),
-                         help="move the model's <think>...</think> into reasoning_content (qwen3, deepseek-r1)")
+                         type=lambda name: name.replace("_", "-"),
+                         help="move the model's <think>...</think> into reasoning_content (qwen3, deepseek-r1; "
+                              "vLLM spells it deepseek_r1)")
     outputs.add_argument("--reasoning-config", type=json.loads,
                          help="vLLM's: accepted when its reasoning_start_str/reasoning_end_str are the reasoning "
                               "parser's own markers (they cannot be changed)")
@@ -154,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--metrics-naming", choices=NAMINGS, default="sglang",
                         help="name /metrics series as SGLang (sglang:*) or vLLM (vllm:*) does, for their "
                              "dashboards and routers (default: sglang)")
+    server.add_argument("--max-stored-responses", type=positive_int, default=1024,
+                        help="responses kept for GET /v1/responses/{id} and previous_response_id (in memory); past "
+                             "this the least recently used finished ones are dropped (default: 1024)")
     server.add_argument("--shell", action="store_true", help="interactive chat in this terminal (/reset, /exit)")
     server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
@@ -204,4 +210,4 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     return ServerArgs(engine, a.host, a.port, a.served_model_name or a.model, a.api_key, a.max_queued_requests,
                       a.max_request_bytes, a.shutdown_timeout, a.shell, a.demo, a.log_level, a.skip_tokenizer_init,
                       a.metrics_naming, a.tool_call_parser, a.reasoning_parser, a.root_path,
-                      a.enable_force_include_usage)
+                      a.enable_force_include_usage, a.max_stored_responses)

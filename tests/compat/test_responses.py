@@ -4,9 +4,12 @@ beyond the plain text in and out, with the real `openai` client."""
 from __future__ import annotations
 
 import json
+import time
 
 import openai
 import pytest
+from server_utils import pages_all_free
+from websockets.sync.client import connect
 
 TOOL = {"type": "function", "name": "get_time", "parameters": {
     "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}
@@ -39,11 +42,12 @@ def test_penalties_and_sglangs_usage_names(http):
     assert penalized.json()["output"][0]["content"][0]["text"] != plain["output"][0]["content"][0]["text"]
 
 
-def test_previous_response_id_is_a_400_with_a_code(http):
-    """SGLang test_error: a previous_response_id (nothing is stored here) is a 400 whose error has message,
-    type and code."""
+def test_unknown_previous_response_id_is_a_400_with_a_code(http):
+    """SGLang test_error: a previous_response_id no stored response has is a 400 whose error has message,
+    type and code (OpenAI's previous_response_not_found)."""
     answer = http.post("/v1/responses", json={"model": "demo", "input": "Hi", "previous_response_id": "bad"})
     assert answer.status_code == 400 and {"message", "type", "code"} <= answer.json()["error"].keys()
+    assert answer.json()["error"]["code"] == "previous_response_not_found"
 
 
 def test_vllm_sampling_extras_and_reasoning_effort(client):
@@ -77,3 +81,236 @@ def test_function_tools(client, stream):
     assert call.name == "get_time" and json.loads(call.arguments)["zone"] in ("UTC", "CET") and call.call_id
     plain = client.responses.create(**args, tool_choice="none")
     assert [item.type for item in plain.output] == ["message"]
+
+
+# ---------------------------------------------------------------- the store (vLLM's test_stateful.py)
+
+
+def test_responses_are_stored_unless_store_is_false(client, http):
+    """vLLM test_store: store defaults to true and GET /v1/responses/{id} returns the response; with
+    store: false it is not kept (404 "Response with id ... not found."); DELETE forgets a stored one."""
+    kept = client.responses.create(input="Hello!", max_output_tokens=4)
+    assert kept.store is True
+    again = client.responses.retrieve(kept.id)
+    assert (again.id, again.output_text, again.usage.output_tokens) == (kept.id, kept.output_text, 4)
+    unkept = client.responses.create(input="Hello!", max_output_tokens=4, store=False)
+    with pytest.raises(openai.NotFoundError, match="Response with id .* not found."):
+        client.responses.retrieve(unkept.id)
+    assert http.delete(f"/v1/responses/{kept.id}").json() == {"id": kept.id, "object": "response", "deleted": True}
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(kept.id)
+    assert http.delete(f"/v1/responses/{kept.id}").status_code == 404
+
+
+def test_a_streamed_response_is_stored_as_it_ended(client):
+    """vLLM test_store, streamed: the response the last event carries is the one stored."""
+    last = list(client.responses.create(input="Hello!", max_output_tokens=4, stream=True))[-1].response
+    stored = client.responses.retrieve(last.id)
+    assert (stored.status, stored.output_text) == (last.status, last.output_text)
+
+
+def test_background_needs_store(client):
+    """vLLM test_background_error: background with store false is a 400 saying so."""
+    with pytest.raises(openai.BadRequestError, match="background can only be used when `store` is true"):
+        client.responses.create(input="What is 13 * 24?", background=True, store=False)
+
+
+def test_a_background_response_is_queued_then_stored_whole(client):
+    """vLLM test_background: the answer is at once `queued`; polled, the response ends as a foreground one
+    would have (same text at temperature 0)."""
+    args = dict(input="Hello!", max_output_tokens=6, temperature=0)
+    queued = client.responses.create(**args, background=True)
+    assert queued.status == "queued" and queued.background is True and queued.output == []
+    while (polled := client.responses.retrieve(queued.id)).status in ("queued", "in_progress"):
+        time.sleep(0.05)
+    assert polled.output_text == client.responses.create(**args).output_text and polled.status == "incomplete"
+
+
+def wait_until_nothing_runs(demo) -> None:
+    """No sequence left and every KV page free (cached ones evictable); the scheduler frees them on its next
+    step, so this waits for it (30 s at most: a generation left running would take minutes)."""
+    deadline = time.monotonic() + 30
+    while not pages_all_free(demo.info()):
+        assert time.monotonic() < deadline, demo.info()["scheduler"]
+        time.sleep(0.05)
+
+
+def test_cancelling_a_background_response_stops_its_generation(client, demo):
+    """vLLM test_background_cancel: cancel answers `cancelled`, the status stays so, and the generation is
+    aborted: no sequence runs and every KV page is free again (cached pages are evictable)."""
+    queued = client.responses.create(input="Write a long story about a cat.", background=True)
+    while client.responses.retrieve(queued.id).status == "queued":
+        time.sleep(0.05)
+    assert client.responses.cancel(queued.id).status == "cancelled"
+    wait_until_nothing_runs(demo)
+    stopped = client.responses.retrieve(queued.id)
+    assert stopped.status == "cancelled" and stopped.output == []
+    assert client.responses.cancel(queued.id).status == "cancelled"  # cancelling again changes nothing
+
+
+def test_a_foreground_response_cannot_be_cancelled(client):
+    """vLLM test_cancel_completed: cancelling a synchronous response is a 400 saying so; an unknown id 404."""
+    done = client.responses.create(input="Hello", max_output_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="Cannot cancel a synchronous response."):
+        client.responses.cancel(done.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.cancel("resp_unknown")
+
+
+def chat_of(client, messages: list[dict], max_tokens: int):
+    return client.chat.completions.create(model="demo", messages=messages, max_tokens=max_tokens, temperature=0)
+
+
+def test_previous_response_id_continues_its_conversation(client):
+    """vLLM test_previous_response_id: a response continuing a stored one is the chat completion of the
+    whole conversation (its instructions are not carried over, as OpenAI has it); the model may be left out,
+    as vLLM's tests do."""
+    first = client.responses.create(instructions="You are terse.", input="Hello, my name is John.",
+                                    max_output_tokens=6, temperature=0)
+    second = client.responses.create(input="What is my name?", previous_response_id=first.id, max_output_tokens=6,
+                                     temperature=0)
+    chat = chat_of(client, [{"role": "user", "content": "Hello, my name is John."},
+                            {"role": "assistant", "content": first.output_text},
+                            {"role": "user", "content": "What is my name?"}], 6)
+    assert second.previous_response_id == first.id
+    assert (second.output_text, second.usage.input_tokens) == (chat.choices[0].message.content,
+                                                               chat.usage.prompt_tokens)
+
+
+def test_two_responses_may_continue_the_same_one(client):
+    """vLLM test_two_responses_with_same_prev_id: a stored response is not changed by being continued; two
+    continuations of it see the same conversation."""
+    first = client.responses.create(input="Hello, my name is John.", max_output_tokens=6, temperature=0)
+    forks = [client.responses.create(input=text, previous_response_id=first.id, max_output_tokens=6, temperature=0)
+             for text in ("My name is Mark.", "My name is Mark.", "What is my name?")]
+    assert forks[0].output_text == forks[1].output_text
+    assert forks[0].usage.input_tokens == forks[1].usage.input_tokens
+    chat = chat_of(client, [{"role": "user", "content": "Hello, my name is John."},
+                            {"role": "assistant", "content": first.output_text},
+                            {"role": "user", "content": "What is my name?"}], 6)
+    assert forks[2].output_text == chat.choices[0].message.content
+
+
+def test_input_items_list_the_requests_own_input(client):
+    """OpenAI's GET /v1/responses/{id}/input_items: the response's own input (not the conversation before
+    it), newest first unless order=asc, a page of `limit` after the `after` id."""
+    first = client.responses.create(input="one", max_output_tokens=2)
+    second = client.responses.create(previous_response_id=first.id, max_output_tokens=2, input=[
+        {"role": "user", "content": "two"}, {"role": "user", "content": [{"type": "input_text", "text": "three"}]}])
+    newest_first = client.responses.input_items.list(second.id)
+    assert [item.content[0].text for item in newest_first.data] == ["three", "two"]
+    oldest_first = client.responses.input_items.list(second.id, order="asc", limit=1)
+    assert [item.content[0].text for item in oldest_first.data] == ["two"] and oldest_first.has_more
+    rest = client.responses.input_items.list(second.id, order="asc", after=oldest_first.data[0].id)
+    assert [item.content[0].text for item in rest.data] == ["three"] and not rest.has_more
+    assert [item.content[0].text for item in client.responses.input_items.list(first.id).data] == ["one"]
+
+
+FUNCTION = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+CALL = {"type": "function_call", **FUNCTION}
+
+
+def calls(*ids: str) -> dict:
+    return {"role": "assistant", "tool_calls": [{"id": i, "type": "function", "function": FUNCTION} for i in ids]}
+
+
+def result(call_id: str, text: str) -> tuple[dict, dict]:
+    """A call's result as a function_call_output item and as the tool message it stands for."""
+    return ({"type": "function_call_output", "call_id": call_id, "output": text},
+            {"role": "tool", "tool_call_id": call_id, "content": text})
+
+
+SUNNY, RAIN = result("c1", "sunny"), result("c2", "rain")
+
+
+@pytest.mark.parametrize("items, messages", [
+    ([CALL | {"call_id": "c1"}, CALL | {"call_id": "c2"}, SUNNY[0], RAIN[0]], [calls("c1", "c2"), SUNNY[1], RAIN[1]]),
+    ([CALL | {"call_id": "c1"}, SUNNY[0], CALL | {"call_id": "c2"}], [calls("c1"), SUNNY[1], calls("c2")]),
+], ids=["parallel-calls", "call-result-call"])
+def test_function_calls_sent_back_are_assistant_turns(client, items, messages):
+    """vLLM test_consecutive_function_call_merge and test_named_tool_use's second turn: function_call items
+    sent back are an assistant turn's tool calls (consecutive ones one turn), function_call_output items tool
+    turns: the response is the chat completion of those messages."""
+    ask = {"role": "user", "content": "What is the weather in Paris?"}
+    resp = client.responses.create(input=[ask, *items], max_output_tokens=6, temperature=0)
+    chat = chat_of(client, [ask, *messages], 6)
+    assert (resp.output_text, resp.usage.input_tokens) == (chat.choices[0].message.content, chat.usage.prompt_tokens)
+
+
+# ---------------------------------------------------------------- WebSocket mode (vLLM's test_websocket_real.py)
+
+
+def turn(socket, **create) -> list[dict]:
+    """Send a response.create and read its events up to the last (an error is the only one then)."""
+    socket.send(json.dumps({"type": "response.create", **create}))
+    events = [json.loads(socket.recv())]
+    while events[-1]["type"] not in ("response.completed", "response.incomplete", "response.failed", "error"):
+        events.append(json.loads(socket.recv()))
+    return events
+
+
+def test_websocket_mode_streams_the_same_events(client, demo):
+    """vLLM test_basic_streaming / test_streaming_event_ordering / test_response_has_usage: a response.create
+    on the socket gets the events `stream: true` gets (ending with response.incomplete when cut, as OpenAI
+    has it), the same answer, with usage."""
+    args = dict(model="demo", input="Hello", max_output_tokens=8, temperature=0)
+    with connect(demo.url.replace("http", "ws") + "/v1/responses") as socket:
+        events = turn(socket, **args)
+    streamed = [event.type for event in client.responses.create(**args, stream=True)]
+    assert [event["type"] for event in events] == streamed
+    last = events[-1]["response"]
+    assert last["status"] == "incomplete" and last["usage"]["output_tokens"] == 8
+    assert last["output"][0]["content"][0]["text"] == client.responses.create(**args).output_text
+
+
+def test_websocket_mode_warm_up_and_continuation(client, demo):
+    """vLLM test_warmup_generate_false, test_warmup_then_real_request, test_continuation_with_previous_response_id:
+    generate: false is created + completed with no output; a turn continues the connection's last response
+    (even with store: false, which keeps it from GET) as the chat completion of the whole conversation."""
+    with connect(demo.url.replace("http", "ws") + "/v1/responses") as socket:
+        warm = turn(socket, input="Hello, my name is John.", generate=False, store=False)
+        assert [event["type"] for event in warm] == ["response.created", "response.completed"]
+        assert warm[-1]["response"]["output"] == [] and warm[-1]["response"]["status"] == "completed"
+        first = turn(socket, input="What is my name?", previous_response_id=warm[-1]["response"]["id"],
+                     max_output_tokens=6, temperature=0, store=False)[-1]["response"]
+        second = turn(socket, input="Again?", previous_response_id=first["id"], max_output_tokens=6,
+                      temperature=0)[-1]["response"]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first["id"])
+    assert client.responses.retrieve(second["id"]).previous_response_id == first["id"]
+    answer = first["output"][0]["content"][0]["text"]
+    chat = chat_of(client, [{"role": "user", "content": "Hello, my name is John."},
+                            {"role": "user", "content": "What is my name?"},
+                            {"role": "assistant", "content": answer}, {"role": "user", "content": "Again?"}], 6)
+    assert second["output"][0]["content"][0]["text"] == chat.choices[0].message.content
+    assert second["usage"]["input_tokens"] == chat.usage.prompt_tokens
+
+
+def test_websocket_mode_errors_keep_the_connection(demo):
+    """vLLM test_invalid_json, test_unknown_event_type, test_invalid_previous_response_id: each is an `error`
+    event with its code and the connection serves the next turn (previous_response_not_found is a 400, as on
+    HTTP and OpenAI's; vLLM says 404)."""
+    with connect(demo.url.replace("http", "ws") + "/v1/responses") as socket:
+        socket.send("this is not json{{{")
+        assert json.loads(socket.recv())["error"]["code"] == "invalid_json"
+        socket.send(json.dumps({"type": "session.update"}))
+        assert json.loads(socket.recv())["error"]["code"] == "unknown_event_type"
+        [missing] = turn(socket, input="Hi", previous_response_id="resp_nonexistent")
+        assert (missing["status"], missing["error"]["code"]) == (400, "previous_response_not_found")
+        [refused] = turn(socket, input="Hi", stream=True)
+        assert (refused["status"], refused["error"]["param"]) == (400, "stream")
+        [unknown] = turn(socket, input="Hi", colour="red")
+        assert (unknown["status"], unknown["error"]["param"]) == (400, "colour")
+        [not_bool] = turn(socket, input="Hi", generate="no")
+        assert (not_bool["status"], not_bool["error"]["param"]) == (400, "generate")
+        assert turn(socket, input="Hi", max_output_tokens=2)[-1]["type"] == "response.incomplete"
+
+
+def test_a_socket_closed_mid_turn_stops_its_generation(demo):
+    """A client that hangs up during a turn leaves nothing running: the generation is aborted and its KV
+    pages are free again (as for an HTTP stream the client leaves)."""
+    with connect(demo.url.replace("http", "ws") + "/v1/responses") as socket:
+        socket.send(json.dumps({"type": "response.create", "input": "Write a long story about a cat."}))
+        while json.loads(socket.recv())["type"] != "response.output_text.delta":
+            pass
+    wait_until_nothing_runs(demo)

@@ -1,23 +1,28 @@
-"""POST /v1/responses (OpenAI's Responses API, text and function calls): its request schema, its response object
-and its stream of named events.
+"""OpenAI's Responses API (text and function calls): `POST /v1/responses` with its request schema, its response
+object and its stream of named events; the stored responses' routes (`GET`/`DELETE /v1/responses/{id}`,
+`POST .../cancel`, `GET .../input_items`).
 
-A request becomes a chat completion (`instructions` a system message, `input` the conversation,
-`max_output_tokens` the max_tokens, `text.format` the response_format) and runs as one; only the wire
-format differs. Responses are not stored (`store: true` and `previous_response_id` are refused). Function
-tools are served as on chat completions; each call the model makes is a `function_call` output item. With
---reasoning-parser the model's thinking is a `reasoning` output item before the message.
+A request becomes a chat completion (`instructions` a system message, `input` the conversation after the
+stored one `previous_response_id` names, `max_output_tokens` the max_tokens, `text.format` the
+response_format) and runs as one; only the wire format differs. Function tools are served as on chat
+completions; each call the model makes is a `function_call` output item, and `function_call` /
+`function_call_output` input items are the calls and results sent back. With --reasoning-parser the model's
+thinking is a `reasoning` output item before the message. Responses are stored (responses_store.py) unless
+`store: false`; `background: true` answers at once (`queued`) and generates behind.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 import uuid
-from typing import Annotated, Any, AsyncIterator, Literal
+from typing import Annotated, Any, AsyncIterator, Callable, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel, Discriminator, Field, Tag, WithJsonSchema
+from pydantic import BaseModel, Discriminator, Field, Tag
+from starlette.requests import HTTPConnection
 
 from minisgl.server.engine_client import RequestFailed
 from minisgl.server.errors import ApiError, error_responses
@@ -32,10 +37,12 @@ from minisgl.server.protocol import (
     integer,
     unix_now,
 )
+from minisgl.server.responses_store import ResponseStore, Stored
 from minisgl.server.routes.chat import ChatCompletionRequest, FunctionDefinition, FunctionName
 from minisgl.server.state import ServerState, server_state
 
 router = APIRouter()
+logger = logging.getLogger("minisgl.api")
 
 
 # ---------------------------------------------------------------- request
@@ -73,7 +80,33 @@ class ReasoningInput(StrictRequest):
     id: Text | None = None
     summary: list[Any] = Field(default_factory=list)
     content: list[Any] | None = None
+    encrypted_content: None = Field(None, description="as this server returned it (none)")
     status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+class FunctionCallInput(StrictRequest):
+    """A call an earlier answer made, sent back: consecutive ones are one assistant turn's calls."""
+
+    type: Literal["function_call"]
+    call_id: Text
+    name: Text
+    arguments: Text
+    namespace: None = Field(None, description="as this server returned it (none: namespace tools are not served)")
+    id: Text | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+class FunctionCallOutputInput(StrictRequest):
+    """A call's result, for the model to read (a `tool` turn)."""
+
+    type: Literal["function_call_output"]
+    call_id: Text
+    output: Text | list[InputText]
+    id: Text | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+    def text(self) -> str:
+        return self.output if isinstance(self.output, str) else "".join(part.text for part in self.output)
 
 
 def _item_kind(item: Any) -> str:
@@ -81,8 +114,46 @@ def _item_kind(item: Any) -> str:
 
 
 # An item without `type` is a message (OpenAI's "easy input message").
-InputItem = Annotated[Annotated[InputMessage, Tag("message")] | Annotated[ReasoningInput, Tag("reasoning")],
-                      Discriminator(_item_kind)]
+InputItem = Annotated[Annotated[InputMessage, Tag("message")] | Annotated[ReasoningInput, Tag("reasoning")]
+                      | Annotated[FunctionCallInput, Tag("function_call")]
+                      | Annotated[FunctionCallOutputInput, Tag("function_call_output")], Discriminator(_item_kind)]
+
+
+def as_messages(items: list) -> list[dict]:
+    """Input or output items as the chat messages they stand for: a message its role's turn, consecutive
+    function calls one assistant turn with those calls, a call's output a tool turn; reasoning is left out."""
+    messages: list[dict] = []
+    calls_open = False  # the last message is an assistant turn made of function calls only
+    for item in items:
+        if item.type == "function_call":
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments}}
+            if calls_open:
+                messages[-1]["tool_calls"].append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif item.type == "function_call_output":
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
+        elif item.type == "message":
+            messages.append({"role": item.role, "content": item.text()})
+        calls_open = item.type == "function_call"
+    return messages
+
+
+def listed(item: BaseModel | str) -> dict:
+    """An input item as `GET /v1/responses/{id}/input_items` lists it: with an id, a message's text as parts."""
+    if isinstance(item, str):
+        item = InputMessage(role="user", content=item)
+    listing = item.model_dump(mode="json", exclude_none=True)
+    listing.setdefault("type", "message")
+    listing["id"] = item.id or f"{ITEM_PREFIX[listing['type']]}_{uuid.uuid4().hex}"
+    if isinstance(item, InputMessage) and isinstance(item.content, str):
+        kind = "output_text" if item.role == "assistant" else "input_text"
+        listing["content"] = [{"type": kind, "text": item.content}]
+    return listing
+
+
+ITEM_PREFIX = {"message": "msg", "reasoning": "rs", "function_call": "fc", "function_call_output": "fco"}
 
 
 class JsonSchemaTextFormat(StrictRequest):
@@ -118,7 +189,8 @@ class FunctionToolChoice(StrictRequest):
 
 
 class ResponsesRequest(StrictRequest):
-    model: Text = Field(json_schema_extra={SERVED_MODEL_MARK: True})
+    # Optional, as vLLM has it (OpenAI requires it): left out, the served model; null is refused.
+    model: Text = Field(None, json_schema_extra={SERVED_MODEL_MARK: True})
     input: Text | list[InputItem]
     instructions: Text | None = Field(None, description="a system message before the input")
     max_output_tokens: integer(ge=1) | None = None
@@ -126,8 +198,9 @@ class ResponsesRequest(StrictRequest):
     top_p: float | None = Field(None, gt=0, le=1)
     stream: bool = False
     text: TextConfig | None = Field(None, description="format: text, json_object or json_schema")
-    store: Annotated[bool | None, WithJsonSchema({"enum": [False, None]})] = Field(
-        None, description="responses are not stored: true is refused")
+    store: bool | None = Field(None, description="false: not kept for GET /v1/responses/{id} (default: kept)")
+    background: bool | None = Field(None, description="answer at once (queued) and generate behind; needs store")
+    previous_response_id: Text | None = Field(None, description="a stored response this one continues")
     metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(
         None, max_length=16, description="returned with the response")
     user: Text | None = None
@@ -145,14 +218,27 @@ class ResponsesRequest(StrictRequest):
     repetition_penalty: float | None = Field(None, gt=0)
     seed: integer(ge=-(2**63), le=2**63 - 1) | None = None
 
-    def as_chat(self) -> ChatCompletionRequest:
-        """The chat completion this request runs as."""
-        if self.store:
-            raise ApiError(400, "responses are not stored on this server; leave store out or set it to false",
-                           param="store")
-        turns = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else [
-            {"role": item.role, "content": item.text()} for item in self.input if isinstance(item, InputMessage)]
-        if not turns:
+    @property
+    def stored(self) -> bool:
+        return self.store is not False
+
+    def listed_input(self) -> list[dict]:
+        """This request's input items as `input_items` lists them."""
+        return [listed(item) for item in ([self.input] if isinstance(self.input, str) else self.input)]
+
+    def turns(self) -> list[dict]:
+        """This request's input as chat messages."""
+        return [{"role": "user", "content": self.input}] if isinstance(self.input, str) else as_messages(self.input)
+
+    def as_chat(self, history: list[dict]) -> ChatCompletionRequest:
+        """The chat completion this request runs as, after `history` (the conversation it continues)."""
+        if self.background and not self.stored:
+            raise ApiError(400, "background can only be used when `store` is true", param="background")
+        if self.background and self.stream:
+            raise ApiError(400, "background responses are not streamed here; poll GET /v1/responses/{id}",
+                           param="background")
+        turns = history + self.turns()
+        if not any(turn["role"] != "assistant" for turn in turns):
             raise ApiError(400, "input holds no message", param="input")
         chat = {"model": self.model, "messages": ([{"role": "system", "content": self.instructions}]
                                                   if self.instructions is not None else []) + turns,
@@ -191,6 +277,9 @@ class MessageItem(BaseModel):
     role: Literal["assistant"] = "assistant"
     status: Literal["in_progress", "completed", "incomplete"] = "completed"
     content: list[OutputTextPart] = Field(default_factory=list)
+
+    def text(self) -> str:
+        return "".join(part.text for part in self.content)
 
 
 class FunctionCallItem(BaseModel):
@@ -246,7 +335,7 @@ class ResponseObject(BaseModel):
     id: str = Field(default_factory=lambda: f"resp_{uuid.uuid4().hex}")
     object: Literal["response"] = "response"
     created_at: int = Field(default_factory=unix_now)
-    status: Literal["completed", "incomplete", "in_progress", "failed"]
+    status: Literal["completed", "incomplete", "in_progress", "failed", "queued", "cancelled"]
     model: str
     output: list[ReasoningItem | MessageItem | FunctionCallItem] = Field(default_factory=list)
     usage: ResponseUsage | None = None
@@ -258,7 +347,9 @@ class ResponseObject(BaseModel):
     top_p: float | None = None
     text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})
     metadata: dict[str, str] = Field(default_factory=dict)
-    store: bool = False
+    store: bool = True
+    background: bool = False
+    previous_response_id: str | None = None
     parallel_tool_calls: bool = False
     tool_choice: str | dict[str, str] = "auto"
     tools: list[dict[str, Any]] = Field(default_factory=list)
@@ -283,12 +374,43 @@ RESPONSES = {200: {"model": ResponseObject, "content": {"text/event-stream": {"s
              **error_responses(400, 401, 404, 413, 500, 503)}
 
 
-@router.post("/v1/responses", response_model=None, responses=RESPONSES)
-async def responses(body: ResponsesRequest, request: Request, state: ServerState = Depends(server_state)) -> Response:
-    chat = body.as_chat()
-    head = ResponseObject(status="in_progress", model=state.args.served_model_name, instructions=body.instructions,
+def response_store(conn: HTTPConnection) -> ResponseStore:
+    """FastAPI dependency: the app's store of responses (api.py makes it)."""
+    return conn.app.state.responses
+
+
+class Run:
+    """A started response: its object (filled in as it runs), its one generated sequence, the parser of its
+    text, and the conversation it continues (what storing it needs)."""
+
+    def __init__(self, body: ResponsesRequest, head: ResponseObject, choice: Choice, parser, prompts: list[list[int]],
+                 history: list[dict]):
+        self.body, self.head, self.choice, self.parser, self.prompts = body, head, choice, parser, prompts
+        self.history = history
+
+    def whole(self) -> ResponseObject:
+        """The response once its sequence has run to its end: its output items, usage and status."""
+        delta = self.parser.feed(self.choice.text) + self.parser.finish(self.choice.finish)
+        message = [MessageItem(content=[OutputTextPart(text=delta.content)])] if delta.content or not delta.calls \
+            else []
+        self.head.output = ([ReasoningItem(content=[ReasoningText(text=delta.reasoning)])] if delta.reasoning
+                            else []) + message + [FunctionCallItem(name=call.name, arguments=call.arguments)
+                                                  for call in delta.calls]
+        self.head.usage = ResponseUsage.of(usage([self.choice], self.prompts))
+        return finished(self.head, self.choice.finish)
+
+    def entry(self) -> Stored:
+        """What the store keeps of this response."""
+        return Stored(self.head, self.history + self.body.turns() + as_messages(self.head.output),
+                      self.body.listed_input())
+
+
+def head_of(body: ResponsesRequest, model: str) -> ResponseObject:
+    """The response object before any output: the request's settings, as the response echoes them."""
+    return ResponseObject(status="in_progress", model=model, instructions=body.instructions,
                           max_output_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p,
-                          metadata=body.metadata or {},
+                          metadata=body.metadata or {}, store=body.stored, background=bool(body.background),
+                          previous_response_id=body.previous_response_id,
                           tool_choice=body.tool_choice.model_dump() if isinstance(body.tool_choice, FunctionToolChoice)
                           else body.tool_choice or "auto",
                           tools=[tool.model_dump(exclude_none=True) for tool in body.tools or []],
@@ -296,21 +418,110 @@ async def responses(body: ResponsesRequest, request: Request, state: ServerState
                           reasoning=body.reasoning.model_dump() if body.reasoning else None,
                           text={"format": body.text.format.model_dump(by_alias=True)} if body.text else
                           {"format": {"type": "text"}})
+
+
+async def begin(state: ServerState, body: ResponsesRequest, history: list[dict]) -> Run:
+    """Check the request and submit its generation, after `history` (the conversation it continues)."""
+    chat = body.as_chat(history)
     tool_use = chat.tool_use(state.args.tool_call_parser)
-    gen, choices = await start(state, chat, chat.conversation(tool_use), 1)
-    [choice] = choices
+    gen, [choice] = await start(state, chat, chat.conversation(tool_use), 1)
     parser = chat.output_parser(tool_use, state.args.reasoning_parser, choice.prompt_text)
+    return Run(body, head_of(body, state.args.served_model_name), choice, parser, gen.prompts, history)
+
+
+@router.post("/v1/responses", response_model=None, responses=RESPONSES)
+async def responses(body: ResponsesRequest, request: Request, state: ServerState = Depends(server_state),
+                    store: ResponseStore = Depends(response_store)) -> Response:
+    history = store.previous(body.previous_response_id).messages if body.previous_response_id else []
+    run = await begin(state, body, history)
+    keep = store.put if body.stored else None
+    if body.background:
+        run.head.status = "queued"
+        answer = run.head.model_dump_json()
+        store.run_behind(run.entry(), behind(state, run, store))
+        return Response(answer, media_type="application/json")
     if body.stream:
-        return StreamingResponse(named_events(events(state, head, choice, parser, gen.prompts)),
-                                 media_type="text/event-stream")
-    if not await collect(request, state, choices):
+        return StreamingResponse(named_events(events(state, run, keep)), media_type="text/event-stream")
+    if not await collect(request, state, [run.choice]):
         return Response(status_code=499)  # the client hung up; nobody reads this
-    delta = parser.feed(choice.text) + parser.finish(choice.finish)
-    message = [MessageItem(content=[OutputTextPart(text=delta.content)])] if delta.content or not delta.calls else []
-    head.output = ([ReasoningItem(content=[ReasoningText(text=delta.reasoning)])] if delta.reasoning else []) + \
-        message + [FunctionCallItem(name=call.name, arguments=call.arguments) for call in delta.calls]
-    head.usage = ResponseUsage.of(usage(choices, gen.prompts))
-    return Response(finished(head, choice.finish).model_dump_json(), media_type="application/json")
+    head = run.whole()
+    if keep:
+        keep(run.entry())
+    return Response(head.model_dump_json(), media_type="application/json")
+
+
+async def behind(state: ServerState, run: Run, store: ResponseStore) -> None:
+    """A background response's generation: in progress, then stored with its output (or its error).
+    Cancelled (POST .../cancel, DELETE), it stops where it is; leaving `outputs` aborts the sequence."""
+    run.head.status = "in_progress"
+    try:
+        async for _ in outputs(state, [run.choice]):
+            pass
+    except RequestFailed as failed:
+        run.head.status, run.head.error = "failed", {"code": "server_error", "message": failed.message}
+    except Exception as exc:  # a bug: the response must still end (failed), not stay in progress
+        logger.exception("background response %s failed", run.head.id)
+        run.head.status, run.head.error = "failed", {"code": "server_error",
+                                                     "message": f"internal error: {type(exc).__name__}"}
+    else:
+        run.whole()
+    store.put(run.entry())
+
+
+STORED = error_responses(400, 401, 404)
+
+
+class Deleted(BaseModel):
+    id: str
+    object: Literal["response"] = "response"
+    deleted: bool = True
+
+
+# GET and DELETE are one route: a 405 then lists both in `Allow` (Starlette answers 405 from the first route
+# whose path matches).
+@router.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"], response_model=None, responses={
+    200: {"content": {"application/json": {"schema": {"anyOf": [
+        {"$ref": "#/components/schemas/ResponseObject"}, {"$ref": "#/components/schemas/Deleted"}]}}},
+          "description": "GET: the stored response; DELETE: that it is forgotten"}, **STORED})
+async def stored_response(response_id: str, request: Request,
+                          store: ResponseStore = Depends(response_store)) -> Response:
+    """GET: a stored response. DELETE: forget it (a background one still running is stopped first)."""
+    if request.method == "DELETE":
+        await store.delete(response_id)
+        return Response(Deleted(id=response_id).model_dump_json(), media_type="application/json")
+    return Response(store.get(response_id).response.model_dump_json(), media_type="application/json")
+
+
+@router.post("/v1/responses/{response_id}/cancel", response_model=ResponseObject, responses=STORED)
+async def cancel_response(response_id: str, store: ResponseStore = Depends(response_store)) -> Response:
+    """Stop a background response: its generation is aborted (its KV pages freed) before this answers."""
+    entry = await store.cancel(response_id)
+    return Response(entry.response.model_dump_json(), media_type="application/json")
+
+
+class InputItemList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[dict[str, Any]]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+@router.get("/v1/responses/{response_id}/input_items", response_model=InputItemList, responses=STORED)
+async def input_items(response_id: str, limit: Annotated[int, Query(ge=1, le=100)] = 20,
+                      order: Literal["asc", "desc"] = "desc", after: str | None = None,
+                      store: ResponseStore = Depends(response_store)) -> InputItemList:
+    """The input items of a stored response (its own input, not the conversation before it), a page at a time."""
+    items = store.get(response_id).input_items
+    items = items if order == "asc" else items[::-1]
+    if after is not None:
+        ids = [item["id"] for item in items]
+        if after not in ids:
+            raise ApiError(400, f"no input item {after[:200]!r} in response {response_id[:200]!r}", param="after")
+        items = items[ids.index(after) + 1:]
+    page = items[:limit]
+    return InputItemList(data=page, first_id=page[0]["id"] if page else None,
+                         last_id=page[-1]["id"] if page else None, has_more=len(items) > limit)
 
 
 def named_events(events: AsyncIterator[dict]) -> AsyncIterator[str]:
@@ -320,9 +531,11 @@ def named_events(events: AsyncIterator[dict]) -> AsyncIterator[str]:
     return frames()
 
 
-async def events(state: ServerState, head: ResponseObject, choice: Choice, parser, prompts) -> AsyncIterator[dict]:
+async def events(state: ServerState, run: Run, keep: Callable[[Stored], None] | None) -> AsyncIterator[dict]:
     """response.created, then each output item opened, filled by deltas and closed (a function call in one
-    delta), then response.completed (or .incomplete, or .failed with the error)."""
+    delta), then response.completed (or .incomplete, or .failed with the error); `keep` is handed the
+    finished response before that last event is sent."""
+    head, choice, parser = run.head, run.choice, run.parser
     numbers = itertools.count()
 
     def event(kind: str, **fields: Any) -> dict:
@@ -398,6 +611,8 @@ async def events(state: ServerState, head: ResponseObject, choice: Choice, parse
                 yield e
     except RequestFailed as failed:
         head.status, head.error = "failed", {"code": "server_error", "message": failed.message}
+        if keep:
+            keep(run.entry())
         yield event("response.failed", response=dump(head))
         return
     if any(isinstance(item, FunctionCallItem) for item in items):
@@ -406,6 +621,8 @@ async def events(state: ServerState, head: ResponseObject, choice: Choice, parse
         ending = opened(MessageItem) + closed()  # a message item, even an empty one, ends a response without calls
     for e in ending:
         yield e
-    head.output, head.usage = items, ResponseUsage.of(usage([choice], prompts))
+    head.output, head.usage = items, ResponseUsage.of(usage([choice], run.prompts))
     done = finished(head, choice.finish)
+    if keep:
+        keep(run.entry())
     yield event("response.incomplete" if done.status == "incomplete" else "response.completed", response=dump(done))
