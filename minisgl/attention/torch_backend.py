@@ -2,7 +2,7 @@
 
 The batch is padded to [B, max_extend] queries over [B, max_seq_len] keys gathered from the pool,
 with one boolean mask for causality and length; a single SDPA call then covers prefill, extend
-and decode alike.
+and decode alike. The gathered pages are upcast to q's dtype (dequantized, for an fp8 pool) before it.
 """
 
 from __future__ import annotations
