@@ -54,8 +54,7 @@ class TorchBackend:
         heads, dim = q.shape[1], q.shape[2]
         q_pad = q.new_zeros(meta.num_reqs, meta.max_extend, heads, dim)
         q_pad[meta.batch_index, meta.query_index] = q
-        keys = self.pool.k[layer][meta.kv_slots].to(q.dtype)  # [B, L, kv_heads, D]
-        values = self.pool.v[layer][meta.kv_slots].to(q.dtype)
+        keys, values = self.pool.load(layer, meta.kv_slots, q.dtype)  # [B, L, kv_heads, D]
         out = F.scaled_dot_product_attention(q_pad.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
                                              attn_mask=meta.mask, enable_gqa=True)
         out = out.transpose(1, 2)[meta.batch_index, meta.query_index]  # [T, heads, D]

@@ -46,6 +46,10 @@ class KVPool:
         for cache, new in ((self.k, k), (self.v, v)):
             cache[layer].view(torch.uint8).index_copy_(0, slots, to_cache_dtype(new, cache.dtype).view(torch.uint8))
 
+    def load(self, layer: int, slots: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V at `slots` (any shape) upcast to `dtype`; gathered as bytes, as `store` writes them."""
+        return tuple(cache[layer].view(torch.uint8)[slots].view(cache.dtype).to(dtype) for cache in (self.k, self.v))
+
     @staticmethod
     def bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return 2 * num_layers * kv_heads * head_dim * dtype.itemsize
