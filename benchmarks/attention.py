@@ -3,6 +3,7 @@
     python benchmarks/attention.py                                  # the default table (bf16, head_dim 128)
     python benchmarks/attention.py --mode decode --batches 1,8 --contexts 4096 --decode-block-n 32
     python benchmarks/attention.py --decode-warps 8 --extend-stages 3 --no-torch   # a quick sweep step
+    python benchmarks/attention.py --kv-cache-dtype fp8 --mode decode               # an fp8 pool
 
 Times `backend.forward` (KV store + attention, what every layer pays; `prepare` runs once per step and is
 not included) with triton.testing.do_bench, which flushes L2 between runs. Decode rows report the K/V bytes
@@ -21,7 +22,7 @@ from minisgl.attention.base import ForwardInput
 from minisgl.attention.torch_backend import TorchBackend
 from minisgl.attention.triton_backend import TritonBackend
 from minisgl.kernels.attention import KernelConfig
-from minisgl.kvcache.pool import KVPool
+from minisgl.kvcache.pool import KVPool, kv_cache_dtype
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -31,13 +32,13 @@ def int_list(text: str) -> list[int]:
 
 
 def random_batch(kv_lens: list[int], extend_lens: list[int], heads: int, kv_heads: int, head_dim: int,
-                 page_size: int, dtype: torch.dtype, device: torch.device):
+                 page_size: int, dtype: torch.dtype, cache_dtype: torch.dtype, device: torch.device):
     """One layer's pool with exactly the pages the batch needs, in random order, plus q/k/v of the new tokens."""
     gen = torch.Generator(device).manual_seed(0)
     counts = [-(-(k + n) // page_size) for k, n in zip(kv_lens, extend_lens)]
-    pool = KVPool(1, sum(counts), page_size, kv_heads, head_dim, dtype, device)
-    pool.k.normal_(generator=gen)
-    pool.v.normal_(generator=gen)
+    pool = KVPool(1, sum(counts), page_size, kv_heads, head_dim, dtype, device, cache_dtype)
+    for cache in (pool.k, pool.v):  # through the model's dtype: torch has no normal_ for fp8
+        cache.copy_(torch.empty(cache.shape, dtype=dtype, device=device).normal_(generator=gen))
     page_table = torch.zeros(len(kv_lens), max(counts), dtype=torch.int32, device=device)
     pages = torch.randperm(sum(counts), generator=gen, device=device).int()
     for row, (first, count) in enumerate(zip(torch.tensor(counts).cumsum(0).tolist(), counts)):
@@ -69,8 +70,9 @@ def bench_case(args, config: KernelConfig, mode: str, heads: int, kv_heads: int,
                new_tokens: int, page_size: int) -> dict:
     """context = cached tokens before the step; decode feeds 1 new token per request."""
     kv_lens, ext = [context] * batch_size, [new_tokens] * batch_size
-    pool, page_table, batch, qkv = random_batch(kv_lens, ext, heads, kv_heads, args.head_dim, page_size,
-                                                DTYPES[args.dtype], torch.device("cuda"))
+    dtype = DTYPES[args.dtype]
+    pool, page_table, batch, qkv = random_batch(kv_lens, ext, heads, kv_heads, args.head_dim, page_size, dtype,
+                                                kv_cache_dtype(args.kv_cache_dtype, dtype), torch.device("cuda"))
     triton_us, out = time_backend(TritonBackend(pool, page_table, config), batch, qkv)
     row = dict(mode=mode, heads=f"{heads}/{kv_heads}", page=page_size, batch=batch_size, context=context,
                new=new_tokens, triton_us=triton_us)
@@ -105,6 +107,7 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=["all", "decode", "extend"], default="all")
     p.add_argument("--dtype", choices=list(DTYPES), default="bf16")
+    p.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto", help="the pool's: auto = --dtype")
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--head-configs", default="16/8,32/8", help="heads/kv_heads list (qwen3-0.6b, qwen3-8b)")
     p.add_argument("--page-sizes", type=int_list, default=[1])
@@ -124,7 +127,7 @@ def main() -> None:
     args = parse_args()
     config = KernelConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(KernelConfig)})
     heads_list = [tuple(int(x) for x in hc.split("/")) for hc in args.head_configs.split(",")]
-    print(f"{torch.cuda.get_device_name()}  {args.dtype}  head_dim {args.head_dim}  {config}")
+    print(f"{torch.cuda.get_device_name()}  {args.dtype}  kv {args.kv_cache_dtype}  head_dim {args.head_dim}  {config}")
     print("  ".join(c.rjust(width) for c, (width, _) in COLUMNS.items()))
     for page_size in args.page_sizes:
         for heads, kv_heads in heads_list:

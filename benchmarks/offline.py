@@ -86,18 +86,22 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--cuda-graph-max-bs", type=int, default=256, help="0: no CUDA graphs")
     parser.add_argument("--no-overlap", action="store_true", help="disable overlap scheduling")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"],
+                        help="auto: --dtype; fp8: a float8_e4m3fn KV cache")
     args = parser.parse_args()
     start = time.perf_counter()
     llm = LLM(model_dir(args.config), dtype=args.dtype, dummy_weights=True, attention_backend=args.attn,
               tp_size=args.tp, max_seq_len=4096, max_prefill_tokens=16384, max_running_requests=256,
               cache_type="naive" if args.workload == "w3-nocache" else "radix",
-              cuda_graph_max_bs=args.cuda_graph_max_bs, overlap_schedule=not args.no_overlap)
+              cuda_graph_max_bs=args.cuda_graph_max_bs, overlap_schedule=not args.no_overlap,
+              kv_cache_dtype=args.kv_cache_dtype)
     ready = time.perf_counter() - start
     run = {"w1": w1, "w2": w2, "w3": w3, "w3-nocache": w3, "steps": steps}[args.workload]
     result = run(llm)
     llm.shutdown()
     print(json.dumps({"model": Path(args.config).stem, "tp": args.tp, "attn": args.attn,
-                      "graphs": args.cuda_graph_max_bs, "overlap": not args.no_overlap, "ready_s": round(ready, 1),
+                      "graphs": args.cuda_graph_max_bs, "overlap": not args.no_overlap, "kv": args.kv_cache_dtype,
+                      "kv_tokens": llm.engine.num_pages * llm.engine.page_size, "ready_s": round(ready, 1),
                       **result}), flush=True)
 
 

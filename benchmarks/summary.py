@@ -20,7 +20,7 @@ VLLM = {
 
 def row(r: dict) -> tuple[str, str, str, str]:
     name = f"{r['model']} tp{r.get('tp', 1)}" + ("" if r.get("overlap", True) else " no-overlap") + (
-        "" if r.get("graphs", 1) else " no-graphs")
+        "" if r.get("graphs", 1) else " no-graphs") + ("" if r.get("kv", "auto") == "auto" else f" kv-{r['kv']}")
     if "error" in r:
         return name, r["workload"], "error", ""
     wl = r["workload"]

@@ -1,7 +1,8 @@
 """The Triton attention backend against the torch backend (the oracle) on random pools and page tables.
 
 On the CPU the kernels run in Triton's interpreter at small shapes; MINISGL_TEST_DEVICE=cuda runs the same
-tests compiled, at bigger shapes and in bf16 too, plus a CUDA-graph replay of decode.
+tests compiled, at bigger shapes and in bf16 too, plus a CUDA-graph replay of decode. An fp8 pool runs the
+same cases: the oracle is the torch backend over the same fp8 pool.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from minisgl.attention.torch_backend import TorchBackend
 from minisgl.attention.triton_backend import TritonBackend
 from minisgl.kernels.attention import KernelConfig, num_decode_splits
 from minisgl.kernels.kv_store import store_kv
-from minisgl.kvcache.pool import KVPool
+from minisgl.kvcache.pool import KVPool, to_cache_dtype
 
 ON_GPU = DEVICE == "cuda"
 LAYER = 1  # of 2: the kernels must see the layer's own slice of the pool
@@ -30,6 +31,12 @@ HEAD_DIMS = [64, 128] if ON_GPU else [16, 64]
 SMALL = KernelConfig(decode_block_n=16, extend_block_m=32, extend_block_n=16)
 CONFIGS = {"small": SMALL, "default": KernelConfig()}
 TOLERANCE = {torch.float32: 2e-5 if not ON_GPU else 1e-4, torch.bfloat16: 2e-2}
+FP8 = torch.float8_e4m3fn
+
+
+def stored_bytes(cache: torch.Tensor, slots: torch.Tensor, layer: int = LAYER) -> torch.Tensor:
+    """A pool's elements at `slots` as bytes: exact equality for any type (and torch has no fp8 comparisons)."""
+    return cache[layer].view(torch.uint8)[slots]
 
 
 class Case:
@@ -37,11 +44,12 @@ class Case:
     rows own randomly chosen pages, and one batch of new tokens with their q/k/v."""
 
     def __init__(self, kv_lens: list[int], extend_lens: list[int], heads: int, kv_heads: int, head_dim: int,
-                 page_size: int, dtype: torch.dtype = torch.float32, padded: int = 0, seed: int = 0):
+                 page_size: int, dtype: torch.dtype = torch.float32, padded: int = 0, seed: int = 0,
+                 cache_dtype: torch.dtype | None = None):
         gen = torch.Generator().manual_seed(seed)
         needs = [-(-(k + n) // page_size) for k, n in zip(kv_lens, extend_lens)]
         num_pages = sum(needs) + 16  # some pages belong to nobody
-        self.pool = KVPool(2, num_pages, page_size, kv_heads, head_dim, dtype, torch.device(DEVICE))
+        self.pool = KVPool(2, num_pages, page_size, kv_heads, head_dim, dtype, torch.device(DEVICE), cache_dtype)
         self.pool.k.copy_(torch.randn(self.pool.k.shape, generator=gen))
         self.pool.v.copy_(torch.randn(self.pool.v.shape, generator=gen))
         num_reqs = len(kv_lens)
@@ -91,8 +99,11 @@ class Case:
         assert torch.isfinite(got).all()  # padded entries are discarded by the engine, but must not be NaN
         # The new K/V were stored at out_slots (padding entries collide on the scratch page: skip it).
         stored = self.batch.out_slots[real]
-        assert torch.equal(pool.k[LAYER][stored], self.k[real].to(pool.k.dtype))
-        assert torch.equal(pool.v[LAYER][stored], self.v[real].to(pool.v.dtype))
+        assert torch.equal(stored_bytes(pool.k, stored), to_cache_dtype(self.k[real], pool.k.dtype).view(torch.uint8))
+        assert torch.equal(stored_bytes(pool.v, stored), to_cache_dtype(self.v[real], pool.v.dtype).view(torch.uint8))
+        owned = slice(0, pool.scratch_page * pool.page_size)  # both stores agree byte for byte
+        assert torch.equal(pool.k[:, owned].view(torch.uint8), ref_pool.k[:, owned].view(torch.uint8))
+        assert torch.equal(pool.v[:, owned].view(torch.uint8), ref_pool.v[:, owned].view(torch.uint8))
 
 
 # Ragged: pure prefill, extend after a partial page, after exactly one page, after several pages, and
@@ -133,6 +144,18 @@ def test_decode_matches_torch(heads, kv_heads, page_size, splits):
 def test_decode_head_dims(head_dim, page_size):
     case = Case(DECODE_KV, [1] * len(DECODE_KV), 8, 2, head_dim, page_size, seed=3)
     case.check(KernelConfig(decode_block_n=16, decode_splits=4))
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2)])
+def test_fp8_pool_matches_torch_over_the_same_pool(heads, kv_heads, page_size):
+    """An fp8 pool: the kernels load fp8 and upcast in registers, the torch reference dequantizes the gathered
+    pages; both read the same stored values (the new tokens' included), so they agree as closely as in fp32."""
+    Case(RAGGED_KV, RAGGED_EXT, heads, kv_heads, HEAD_DIMS[0], page_size, seed=13, cache_dtype=FP8).check(SMALL)
+    case = Case(DECODE_KV, [1] * len(DECODE_KV), heads, kv_heads, HEAD_DIMS[0], page_size, padded=2, seed=14,
+                cache_dtype=FP8)
+    case.check(KernelConfig(decode_block_n=16, decode_splits=4))
+    case.check()  # the backend's own tiles and splits
 
 
 def test_decode_split_choice_fills_the_gpu():
@@ -182,3 +205,33 @@ def test_store_kv_matches_pool_store(pool_dtype):
     store_kv(ours.k[1], ours.v[1], slots, k, v)
     ref.store(1, slots, k, v)
     assert torch.equal(ours.k, ref.k) and torch.equal(ours.v, ref.v)
+
+
+def fp8_rounding_cases() -> torch.Tensor:
+    """Every finite e4m3 value, each midpoint between neighbours (a tie: rounds to the even one), values
+    around the subnormals, past +-448 (saturate) and the infinities, in rows of 16."""
+    finite = torch.arange(256, dtype=torch.uint8).view(FP8).float()
+    finite = finite[finite.isfinite()].sort().values
+    ties = (finite[1:] + finite[:-1]) / 2
+    gen = torch.Generator().manual_seed(15)
+    spread = torch.randn(1000, generator=gen) * torch.exp2(torch.randint(-14, 12, (1000,), generator=gen).float())
+    edges = torch.tensor([449.0, 463.9, 464.0, 500.0, 1e6, float("inf"), 2.0**-10, 2.0**-9 * 1.5, 1e-30, -0.0])
+    values = torch.cat([finite, ties, spread, edges, -edges])
+    return values[: values.numel() // 16 * 16].view(-1, 1, 16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_fp8_store_equals_torch_cast(dtype):
+    """Both stores (the Triton kernel, KVPool.store) write x.to(float8_e4m3fn) byte for byte from fp32, bf16
+    and fp16, and anything past +-448 (infinities included) saturates to +-448."""
+    x = fp8_rounding_cases().to(DEVICE, dtype)
+    slots = torch.randperm(x.shape[0]).to(DEVICE)
+    kernel, ref = (KVPool(1, x.shape[0], 1, 1, 16, dtype, torch.device(DEVICE), FP8) for _ in range(2))
+    store_kv(kernel.k[0], kernel.v[0], slots, x, -x)
+    ref.store(0, slots, x, -x)
+    for pool in (kernel, ref):
+        assert torch.equal(stored_bytes(pool.k, slots, 0), x.to(FP8).view(torch.uint8))
+        assert torch.equal(stored_bytes(pool.v, slots, 0), (-x).to(FP8).view(torch.uint8))
+        big = x.float().abs() >= 448
+        k, v = pool.load(0, slots, torch.float32)
+        assert big.sum() >= 10 and k.abs()[big].unique().tolist() == v.abs()[big].unique().tolist() == [448.0]

@@ -2,7 +2,7 @@
 
 The batch is padded to [B, max_extend] queries over [B, max_seq_len] keys gathered from the pool,
 with one boolean mask for causality and length; a single SDPA call then covers prefill, extend
-and decode alike.
+and decode alike. The gathered pages are upcast to q's dtype (dequantized, for an fp8 pool) before it.
 """
 
 from __future__ import annotations
@@ -54,8 +54,7 @@ class TorchBackend:
         heads, dim = q.shape[1], q.shape[2]
         q_pad = q.new_zeros(meta.num_reqs, meta.max_extend, heads, dim)
         q_pad[meta.batch_index, meta.query_index] = q
-        keys = self.pool.k[layer][meta.kv_slots].to(q.dtype)  # [B, L, kv_heads, D]
-        values = self.pool.v[layer][meta.kv_slots].to(q.dtype)
+        keys, values = self.pool.load(layer, meta.kv_slots, q.dtype)  # [B, L, kv_heads, D]
         out = F.scaled_dot_product_attention(q_pad.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
                                              attn_mask=meta.mask, enable_gqa=True)
         out = out.transpose(1, 2)[meta.batch_index, meta.query_index]  # [T, heads, D]

@@ -3,7 +3,8 @@
 Decode batches (one new token per request) run split-K flash-decoding; everything else (prefill,
 extend after a cached prefix, mixed batches) runs the tiled extend kernel. The decode `prepare` only
 gathers references to the step's tensors, so it is safe inside a CUDA graph; the number of splits
-depends on the batch size alone, never on sequence lengths.
+depends on the batch size alone, never on sequence lengths. An fp8 pool (`--kv-cache-dtype fp8`) runs the
+same kernels: K/V are loaded as fp8 and upcast to the model's dtype in registers.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from minisgl.kernels.attention import KernelConfig, decode_attention, extend_att
 from minisgl.kernels.kv_store import store_kv
 from minisgl.kvcache.pool import KVPool
 
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
+FP8_MIN_CAPABILITY = (8, 9)  # Triton's float8e4nv: Ada and Hopper on
 
 
 @dataclass
@@ -57,9 +59,13 @@ class TritonBackend:
             raise ValueError(f"triton attention supports KV dtypes {SUPPORTED_DTYPES}, not {pool.k.dtype}")
         if pool.k.stride() != pool.v.stride() or pool.k.stride(-1) != 1:
             raise ValueError("triton attention needs K and V pools of the same contiguous layout")
-        self.pool, self.page_table = pool, page_table
-        self.config = (config or KernelConfig()).fitted(pool.k.dtype, pool.k.shape[-1])
         device = pool.k.device
+        if pool.k.dtype == torch.float8_e4m3fn and device.type == "cuda" and \
+                torch.cuda.get_device_capability(device) < FP8_MIN_CAPABILITY:
+            raise ValueError("an fp8 KV cache with triton attention needs a GPU of compute capability 8.9 or newer "
+                             "(Ada, Hopper); use --attn torch or --kv-cache-dtype auto")
+        self.pool, self.page_table = pool, page_table
+        self.config = (config or KernelConfig()).fitted(pool.dtype, pool.k.shape[-1])  # tiles in the model's dtype
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
     def prepare(self, batch: ForwardInput) -> DecodeMeta | ExtendMeta:

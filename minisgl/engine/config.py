@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minisgl.attention import BACKENDS
+from minisgl.kvcache.pool import KV_CACHE_DTYPES
 
 
 @dataclass
@@ -24,6 +25,7 @@ class EngineArgs:
     dummy_weights: bool = False
     cuda_graph_max_bs: int = 256  # largest decode batch replayed from a CUDA graph; 0 turns graphs off
     overlap_schedule: bool = True  # build step N+1 on the CPU while the device runs step N
+    kv_cache_dtype: str = "auto"  # auto (the model's dtype) | fp8 | fp8_e4m3 (float8_e4m3fn, scale 1.0)
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, rule: str) -> None:
@@ -32,6 +34,8 @@ class EngineArgs:
 
         check(self.device in ("auto", "cuda", "cpu") or self.device.startswith("cuda:"), "device",
               "'auto', 'cuda' or 'cpu'")
+        check(self.kv_cache_dtype in ("auto", *KV_CACHE_DTYPES), "kv_cache_dtype",
+              f"'auto' or one of {tuple(KV_CACHE_DTYPES)}")
         check(self.tp_size >= 1, "tp_size", ">= 1")
         check(self.page_size >= 1, "page_size", ">= 1")
         check(self.max_prefill_tokens >= 1, "max_prefill_tokens", ">= 1")

@@ -24,7 +24,7 @@ from minisgl.distributed import TPGroup
 from minisgl.engine.config import EngineArgs
 from minisgl.engine.cuda_graph import DecodeGraphs
 from minisgl.engine.sampler import Sampler
-from minisgl.kvcache.pool import KVPool
+from minisgl.kvcache.pool import KVPool, kv_cache_dtype
 from minisgl.models import load_model, resolve_model_path
 
 logger = logging.getLogger(__name__)
@@ -113,9 +113,10 @@ class Engine:
         self.page_size = args.page_size
         prefill_name, decode_name = backend_names(args.attention_backend, device)
         graph_bs = min(args.cuda_graph_max_bs, args.max_running_requests) if device.type == "cuda" else 0
+        self.kv_dtype = kv_cache_dtype(args.kv_cache_dtype, config.dtype)
         self.num_pages = args.num_pages or self._pages_from_memory(attn.kv_heads, config.head_dim, graph_bs)
         self.pool = KVPool(config.num_layers, self.num_pages, args.page_size, attn.kv_heads, config.head_dim,
-                           config.dtype, device)
+                           config.dtype, device, self.kv_dtype)
         # One row per running request, plus a last row that CUDA-graph padding points at: its pages
         # are the pool's scratch page, and its tokens are zeros.
         rows = args.max_running_requests + 1
@@ -147,7 +148,7 @@ class Engine:
     def _pages_from_memory(self, kv_heads: int, head_dim: int, graph_bs: int) -> int:
         """Fill what `memory_ratio` of the device leaves after the weights and a reserve for the CUDA
         graphs' activations; the same on every rank."""
-        per_token = KVPool.bytes_per_token(self.config.num_layers, kv_heads, head_dim, self.config.dtype)
+        per_token = KVPool.bytes_per_token(self.config.num_layers, kv_heads, head_dim, self.kv_dtype)
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             budget = free - total * (1 - self.args.memory_ratio) - self._graph_reserve(graph_bs)

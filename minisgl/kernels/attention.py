@@ -4,7 +4,9 @@ Both kernels read keys and values straight from the KV pool through the page tab
 (slot = page_table[row, pos // page_size] * page_size + pos % page_size), so the cached prefix and
 the tokens stored this step are one loop. Query heads that share a KV head are packed into the rows
 of one tile: K/V are loaded once per KV head, and `tl.dot` gets at least 16 rows even in decode.
-Scores use exp2 with the scale folded in; accumulation is fp32, output in q's dtype.
+Scores use exp2 with the scale folded in; accumulation is fp32, output in q's dtype. The pool may hold K/V
+in a narrower type than q (fp8): a tile is loaded as stored and upcast to q's dtype in registers, so an fp8
+pool halves the bytes read with the same kernels.
 The per-request metadata (rows, lengths) are views into one packed tensor whose alignment follows the
 batch size: they are not specialized, so no batch compiles a new variant after the warm-up.
 """
@@ -37,8 +39,9 @@ class KernelConfig:
     extend_stages: int = 2
 
     def fitted(self, dtype: torch.dtype, head_dim: int) -> KernelConfig:
-        """The extend tile for this pool: fp32 takes twice the registers and shared memory (halve both
-        sides), and head_dim 256 spills registers at 128 query rows on Hopper (halve the rows)."""
+        """The extend tile for this compute dtype (the model's, whatever the pool stores): fp32 takes twice the
+        registers and shared memory (halve both sides), and head_dim 256 spills registers at 128 query rows on
+        Hopper (halve the rows)."""
         block_m, block_n = self.extend_block_m, self.extend_block_n
         if dtype.itemsize >= 4:
             block_m, block_n = block_m // 2, block_n // 2
@@ -59,7 +62,8 @@ def num_decode_splits(batch: int, kv_heads: int, num_sms: int, config: KernelCon
 @triton.jit
 def _load_kv_tile(k_ptr, v_ptr, page_row_ptr, offs_n, mask_n, head_offset, stride_slot, offs_d, mask_d,
                   PAGE_SIZE: tl.constexpr):
-    """K and V [BLOCK_N, BLOCK_D] of context positions offs_n, gathered through one page-table row."""
+    """K and V [BLOCK_N, BLOCK_D] of context positions offs_n, gathered through one page-table row, as stored
+    (the online-softmax step upcasts them to q's dtype)."""
     pages = tl.load(page_row_ptr + offs_n // PAGE_SIZE, mask=mask_n, other=0)
     slots = pages.to(tl.int64) * PAGE_SIZE + offs_n % PAGE_SIZE
     offsets = slots[:, None] * stride_slot + head_offset + offs_d[None, :]

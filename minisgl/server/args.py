@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="longest prompt + completion, at most the model's max_position_embeddings "
                              "(default: that)")
     engine.add_argument("--page-size", type=int, default=1, help="tokens per KV-cache page (default: 1)")
+    engine.add_argument("--kv-cache-dtype", choices=["auto", "fp8", "fp8_e4m3"], default="auto",
+                        help="KV-cache storage: auto = --dtype; fp8 (= fp8_e4m3) halves it against bf16, scale 1.0, "
+                             "values saturate at +-448 (default: auto)")
     engine.add_argument("--memory-ratio", "--mem-fraction-static", "--gpu-memory-utilization", dest="memory_ratio",
                         type=float, default=0.9,
                         help="share of GPU memory for weights + KV cache (default: 0.9)")
@@ -204,7 +207,7 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
             max_seq_len=a.max_seq_len, memory_ratio=a.memory_ratio,
             dummy_weights=a.dummy_weight or a.load_format == "dummy",
             cuda_graph_max_bs=0 if a.enforce_eager else a.cuda_graph_max_bs,
-            overlap_schedule=not a.disable_overlap_schedule)
+            overlap_schedule=not a.disable_overlap_schedule, kv_cache_dtype=a.kv_cache_dtype)
     except ValueError as exc:
         parser.error(str(exc))
     return ServerArgs(engine, a.host, a.port, a.served_model_name or a.model, a.api_key, a.max_queued_requests,

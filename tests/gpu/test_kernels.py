@@ -12,19 +12,26 @@ from minisgl.attention.triton_backend import TritonBackend
 from minisgl.kernels.fused_moe import fused_experts
 from minisgl.layers.moe import experts_torch, route
 
+CACHE_DTYPES = {"bf16": None, "fp8": torch.float8_e4m3fn}  # the pool: the model's dtype, or --kv-cache-dtype fp8
 
+
+@pytest.mark.parametrize("cache", list(CACHE_DTYPES))
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("heads,kv_heads", [(16, 8), (32, 8)])
-def test_attention_bf16_matches_torch(heads, kv_heads, page_size):
-    Case(RAGGED_KV, RAGGED_EXT, heads, kv_heads, 128, page_size, torch.bfloat16, seed=5).check()
-    Case(DECODE_KV, [1] * len(DECODE_KV), heads, kv_heads, 128, page_size, torch.bfloat16, padded=3, seed=6).check()
+def test_attention_bf16_matches_torch(heads, kv_heads, page_size, cache):
+    kw = dict(cache_dtype=CACHE_DTYPES[cache])
+    Case(RAGGED_KV, RAGGED_EXT, heads, kv_heads, 128, page_size, torch.bfloat16, seed=5, **kw).check()
+    Case(DECODE_KV, [1] * len(DECODE_KV), heads, kv_heads, 128, page_size, torch.bfloat16, padded=3, seed=6,
+         **kw).check()
 
 
-def test_attention_decode_replays_in_cuda_graph():
+@pytest.mark.parametrize("cache", list(CACHE_DTYPES))
+def test_attention_decode_replays_in_cuda_graph(cache):
     """Capture prepare + forward once, then replay with other lengths and pages in the same buffers
     (the same lengths in another order, so that the pool and page table keep their shapes)."""
-    first = Case([10, 300, 2000], [1, 1, 1], 8, 2, 128, 16, torch.bfloat16, seed=7)
-    second = Case([2000, 10, 300], [1, 1, 1], 8, 2, 128, 16, torch.bfloat16, seed=8)
+    kw = dict(cache_dtype=CACHE_DTYPES[cache])
+    first = Case([10, 300, 2000], [1, 1, 1], 8, 2, 128, 16, torch.bfloat16, seed=7, **kw)
+    second = Case([2000, 10, 300], [1, 1, 1], 8, 2, 128, 16, torch.bfloat16, seed=8, **kw)
     backend = TritonBackend(first.pool, first.page_table)
     static = first.batch
     stream = torch.cuda.Stream()
