@@ -3,8 +3,9 @@ two `index_copy_` calls, i.e. two launches per layer, which shows at small batch
 
 An fp8 pool gets each value rounded to the nearest float8_e4m3fn number (ties to even), saturated at +-448,
 as `minisgl.kvcache.pool.to_cache_dtype` does in torch. The kernel rounds in fp32 arithmetic itself, so the
-cast that follows is exact: the stored bytes equal torch's compiled or in Triton's interpreter, whose own
-fp8 cast rounds ties away from zero, truncates subnormals and does not saturate.
+cast that follows is exact: the stored values equal torch's compiled or in Triton's interpreter, whose own
+fp8 cast rounds ties away from zero, truncates subnormals and does not saturate. (Compiled for the GPU, a
+negative value that rounds to zero is stored as +0 where torch writes -0: the same number.)
 """
 
 from __future__ import annotations
