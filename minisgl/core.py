@@ -32,9 +32,10 @@ class SamplingParams:
 
     temperature 0 means greedy. `seed` makes sampling reproducible whatever else shares the batch.
     `logprobs` = N returns the chosen token's log-probability plus the top N alternatives
-    (None: no logprobs at all); `prompt_logprobs` = N the same for every prompt token but the first
-    (its prefill then skips the prefix cache: cached tokens have no logits). `constraint` restricts
-    every sampled token to those its grammar allows. `logit_bias` is added to its tokens' logits first.
+    (None: no logprobs at all; N at most the vocabulary: `check_request`); `prompt_logprobs` = N the same
+    for every prompt token but the first (its prefill then skips the prefix cache: cached tokens have no
+    logits). `constraint` restricts every sampled token to those its grammar allows. `logit_bias` is added
+    to its tokens' logits first.
     """
 
     temperature: float = 1.0
@@ -85,7 +86,7 @@ class SamplingParams:
         check(finite("repetition_penalty") and self.repetition_penalty > 0, "repetition_penalty", "a number > 0")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            check(value is None or (whole(name) and 0 <= value <= 20), name, "None or an integer in [0, 20]")
+            check(value is None or (whole(name) and value >= 0), name, "None or an integer >= 0")
         check(finite("prompt_logprobs_temperature") and self.prompt_logprobs_temperature > 0,
               "prompt_logprobs_temperature", "a number > 0")
         check(self.constraint is None or isinstance(self.constraint, Constraint), "constraint",
@@ -146,6 +147,9 @@ def check_request(ids: list[int], params: SamplingParams, vocab_size: int, max_s
     check_prompt(ids, vocab_size, max_seq_len, kv_capacity)
     check_token_ids(params.stop_token_ids, vocab_size, "stop_token_ids")
     check_token_ids(list(params.logit_bias or {}), vocab_size, "logit_bias")
+    for name in ("logprobs", "prompt_logprobs"):  # the top-N alternatives are N distinct tokens of the vocabulary
+        if (getattr(params, name) or 0) > vocab_size:
+            raise ValueError(f"{name} must be at most the vocabulary size {vocab_size}, got {getattr(params, name)}")
 
 
 class ReqStatus(enum.Enum):

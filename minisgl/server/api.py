@@ -24,7 +24,7 @@ from pydantic.json_schema import models_json_schema
 
 from minisgl.server.errors import install_error_handlers
 from minisgl.server.middleware import OPEN_PATHS, ApiKeyCheck, BodySizeLimit
-from minisgl.server.protocol import SERVED_MODEL_MARK, TOKEN_ID_MARK
+from minisgl.server.protocol import LOGPROBS_MARK, SERVED_MODEL_MARK, TOKEN_ID_MARK
 from minisgl.server.routes import (
     chat,
     chat_batch,
@@ -75,8 +75,8 @@ def build_app(state: ServerState) -> FastAPI:
 
 def describe_this_server(schema: dict, state: ServerState, event_models: list[type[BaseModel]]) -> dict:
     """Fit FastAPI's generated schema to what this server answers: errors are 400 (never FastAPI's 422),
-    `model` is the served model, token ids are bounded by its vocabulary, streamed chunks are described,
-    and with --api-key every route but the probes' declares the bearer key."""
+    `model` is the served model, token ids are bounded by its vocabulary, logprob counts by --max-logprobs,
+    streamed chunks are described, and with --api-key every route but the probes' declares the bearer key."""
     for path, operations in schema["paths"].items():
         for operation in operations.values():
             operation["responses"].pop("422", None)
@@ -92,7 +92,8 @@ def describe_this_server(schema: dict, state: ServerState, event_models: list[ty
         components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
 
     fill_in = {TOKEN_ID_MARK: {"maximum": state.vocab_size - 1},
-               SERVED_MODEL_MARK: {"enum": [state.args.served_model_name]}}
+               SERVED_MODEL_MARK: {"enum": [state.args.served_model_name]},
+               LOGPROBS_MARK: {"maximum": state.args.logprobs_cap(state.vocab_size)}}
 
     def fill(node: Any) -> None:
         if isinstance(node, dict):

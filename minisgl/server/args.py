@@ -34,10 +34,16 @@ class ServerArgs:
     reasoning_parser: str | None = None
     root_path: str = ""
     force_include_usage: bool = False  # every streamed chunk carries the usage so far, as vLLM's flag has it
+    max_logprobs: int = 20  # the most alternatives a request may ask for per token; -1: the whole vocabulary
+
+    def logprobs_cap(self, vocab_size: int) -> int:
+        """--max-logprobs as a number: -1 (no cap) and a cap beyond the vocabulary are the vocabulary's size."""
+        return vocab_size if self.max_logprobs == -1 else min(self.max_logprobs, vocab_size)
 
 
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's (and torch's) other names
 API_KEY_ENV = "VLLM_API_KEY"  # vLLM's: read when --api-key is not given, so manifests keep the key off the command line
+DEFAULT_MAX_LOGPROBS = 20  # OpenAI's cap on top_logprobs, and vLLM's default --max-logprobs
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024  # a 128k-token prompt as text is ~0.5 MB, as token ids ~1 MB
 
 
@@ -45,6 +51,13 @@ def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def max_logprobs_flag(text: str) -> int:
+    value = int(text)
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"must be -1 (no cap) or >= 0, got {value}")
     return value
 
 
@@ -118,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     outputs.add_argument("--grammar-backend", "--structured-outputs-config.backend", choices=["xgrammar"],
                          default="xgrammar", help="SGLang's and vLLM's spellings: structured outputs always use "
                                                   "xgrammar (another backend is refused)")
+    outputs.add_argument("--max-logprobs", type=max_logprobs_flag, default=DEFAULT_MAX_LOGPROBS,
+                         help="vLLM's: the most alternatives a request may ask for per token (logprobs, "
+                              f"top_logprobs, prompt_logprobs); -1: up to the vocabulary (default: "
+                              f"{DEFAULT_MAX_LOGPROBS}, OpenAI's cap)")
     outputs.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS),
                          help="move the model's <think>...</think> into reasoning_content (qwen3, deepseek-r1)")
     outputs.add_argument("--reasoning-config", type=json.loads,
@@ -204,4 +221,4 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     return ServerArgs(engine, a.host, a.port, a.served_model_name or a.model, a.api_key, a.max_queued_requests,
                       a.max_request_bytes, a.shutdown_timeout, a.shell, a.demo, a.log_level, a.skip_tokenizer_init,
                       a.metrics_naming, a.tool_call_parser, a.reasoning_parser, a.root_path,
-                      a.enable_force_include_usage)
+                      a.enable_force_include_usage, a.max_logprobs)

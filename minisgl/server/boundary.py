@@ -36,6 +36,7 @@ class ModelLimits:
     vocab_size: int
     max_seq_len: int
     kv_capacity: int
+    max_logprobs: int = 20  # alternatives per token a request may ask for: --max-logprobs, at most the vocabulary
 
 
 PromptInput = Conversation | list[Conversation] | list[str] | list[list[int]]
@@ -57,6 +58,7 @@ class GenerateRequest:
 
 async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, prompt: PromptInput) -> GenerateRequest:
     prompt_param = "messages" if is_chat(prompt) else "prompt"
+    check_logprobs(body, limits.max_logprobs)
     values, renamed = body.sampling()
     truncation = body.prompt_truncation(limits.max_seq_len) if isinstance(body, VllmExtras) else None
     encoded = await encode(codec, limits, prompt, whole=truncation is not None)
@@ -88,6 +90,19 @@ async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, p
         texts = [text if text is not None else await codec.decode(ids) for text, ids in zip(texts, prompts)]
     salt = getattr(body, "cache_salt", None)  # vLLM's fronts (chat, completions) have one
     return GenerateRequest(prompts, texts, params, stop, body.n, body.seed, salt)
+
+
+LOGPROB_FIELDS = ("logprobs", "top_logprobs", "prompt_logprobs")  # each a count of alternatives per token
+
+
+def check_logprobs(body: SamplingFields, cap: int) -> None:
+    """A count of alternatives over the server's cap is refused as the schema refuses a number over its bound
+    (pydantic's words and code, which vLLM's messages carry), naming the cap."""
+    for name in LOGPROB_FIELDS:
+        value = getattr(body, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > cap:
+            raise ApiError(400, f"{name}: Input should be less than or equal to {cap}, this server's --max-logprobs "
+                                f"(less_than_equal)", param=name, code="less_than_equal")
 
 
 def fitted_max_tokens(requested: int | None, default: int | None, room: int, prompt_tokens: int, context: int,

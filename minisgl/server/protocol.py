@@ -35,10 +35,9 @@ from minisgl.server.ipc import Alternative, LogprobEntry
 
 MAX_N = 16
 MAX_STOP_STRINGS = 16
-MAX_LOGPROBS = 20
 # Marks on schema nodes that api.py fills in for this server: `maximum: vocab_size - 1` on a token id,
-# `enum: [served model name]` on `model`.
-TOKEN_ID_MARK, SERVED_MODEL_MARK = "x-token-id", "x-served-model"
+# `enum: [served model name]` on `model`, `maximum: the cap` on a count of logprob alternatives (--max-logprobs).
+TOKEN_ID_MARK, SERVED_MODEL_MARK, LOGPROBS_MARK = "x-token-id", "x-served-model", "x-max-logprobs"
 
 
 def _valid_unicode(text: str) -> str:
@@ -66,6 +65,7 @@ def integer(ge: int | None = None, le: int | None = None, **schema_extra: Any) -
 
 
 TokenId = integer(ge=0, **{TOKEN_ID_MARK: True})
+LogprobCount = integer(ge=0, **{LOGPROBS_MARK: True})  # at most the server's --max-logprobs (boundary checks it)
 
 
 DIGITS = r"^[0-9]+$"
@@ -246,7 +246,7 @@ class VllmExtras(StrictRequest):
     guided_grammar: Text | None = Field(None, description="vLLM's older spelling of structured_outputs.grammar "
                                                           "(EBNF in xgrammar's dialect)")
 
-    prompt_logprobs: integer(ge=0, le=MAX_LOGPROBS) | None = Field(
+    prompt_logprobs: LogprobCount | None = Field(
         None, description="vLLM's: every prompt token's logprob and the N best (the first token: null), keyed by "
                           "token id")
     prompt_logprobs_temperature: float | None = Field(

@@ -33,7 +33,8 @@ class ServerState:
     @property
     def limits(self) -> ModelLimits:
         info = self.client.info
-        return ModelLimits(info["vocab_size"], info["max_seq_len"], info["kv_capacity_tokens"])
+        return ModelLimits(info["vocab_size"], info["max_seq_len"], info["kv_capacity_tokens"],
+                           self.args.logprobs_cap(info["vocab_size"]))
 
     def check_serving(self) -> None:
         """503 unless new work can start now (ready, not draining)."""

@@ -3,11 +3,13 @@ longer than the model's refused at start-up."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
 
 import httpx
+import openai
 import pytest
 from conftest import DEVICE
 from prometheus_client.parser import text_string_to_metric_families
@@ -206,3 +208,49 @@ def test_vllm_reasoning_and_scheduling_flags():
                     ["--reasoning-config", markers]):
         with pytest.raises(SystemExit):
             parse_args(["--demo", *refused])
+
+
+@pytest.mark.parametrize("cap", ["30", "-1"])
+def test_max_logprobs_sets_the_cap(cap):
+    """vLLM test_logprob_token_ids starts its server with --max-logprobs -1: a cap other than OpenAI's 20, -1
+    none but the vocabulary. Chat top_logprobs, completions logprobs and prompt_logprobs may ask for 25
+    alternatives; one over the cap is the 400 a schema bound gives, naming the cap."""
+    srv = Server("--demo", "--max-logprobs", cap)
+    try:
+        client = srv.openai_client()
+        chat = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                                              logprobs=True, top_logprobs=25)
+        assert all(len(token.top_logprobs) == 25 for token in chat.choices[0].logprobs.content)
+        text = client.completions.create(model="demo", prompt="Hello there", max_tokens=2, logprobs=25,
+                                         extra_body={"prompt_logprobs": 25})
+        assert all(len(top) in (25, 26) for top in text.choices[0].logprobs.top_logprobs)  # + the sampled token
+        assert all(len(position) in (25, 26) for position in text.choices[0].prompt_logprobs[1:])
+        vocab = srv.info()["vocab_size"]
+        over = 31 if cap == "30" else vocab + 1
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Hi"}], max_tokens=1,
+                                           logprobs=True, top_logprobs=over)
+        assert refused.value.body["param"] == "top_logprobs"
+        assert f"less than or equal to {over - 1}" in refused.value.body["message"]
+        schema = httpx.get(f"{srv.url}/openapi.json").json()["components"]["schemas"]["ChatCompletionRequest"]
+        assert {"type": "integer", "minimum": 0, "maximum": over - 1} in schema["properties"]["top_logprobs"]["anyOf"]
+        if cap == "-1":  # the whole vocabulary: every token's probability, summing to 1
+            whole = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Hi"}],
+                                                   max_tokens=1, logprobs=True, top_logprobs=vocab)
+            top = whole.choices[0].logprobs.content[0].top_logprobs
+            assert len(top) == vocab and sum(math.exp(t.logprob) for t in top) == pytest.approx(1, abs=1e-3)
+    finally:
+        assert srv.stop() == 0
+
+
+def test_logprobs_over_the_default_cap_are_refused(client):
+    """vLLM test_too_many_chat_logprobs, test_too_many_completion_logprobs: without --max-logprobs the cap is
+    OpenAI's 20."""
+    for ask in (lambda: client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Hi"}],
+                                                       max_tokens=1, logprobs=True, top_logprobs=21),
+                lambda: client.completions.create(model="demo", prompt="Hi", max_tokens=1, logprobs=21),
+                lambda: client.completions.create(model="demo", prompt="Hi", max_tokens=1,
+                                                  extra_body={"prompt_logprobs": 21})):
+        with pytest.raises(openai.BadRequestError) as refused:
+            ask()
+        assert "less than or equal to 20" in refused.value.body["message"]

@@ -24,9 +24,9 @@ from minisgl.server.parsers.output import ChoiceDelta, OutputParser, ToolUse
 from minisgl.server.parsers.reasoning import ReasoningParser
 from minisgl.server.parsers.tools import ToolCall, forced_schema
 from minisgl.server.protocol import (
-    MAX_LOGPROBS,
     ChatLogprobs,
     Envelope,
+    LogprobCount,
     NonEmptyText,
     PromptLogprobs,
     SamplingFields,
@@ -189,7 +189,7 @@ class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras):
     max_tokens: integer(ge=1) | None = None
     max_completion_tokens: integer(ge=1) | None = Field(None, description="wins over max_tokens")
     logprobs: bool = False
-    top_logprobs: integer(ge=0, le=MAX_LOGPROBS) | None = Field(None, description="needs logprobs: true")
+    top_logprobs: LogprobCount | None = Field(None, description="needs logprobs: true")
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         None, description="default: auto with tools (needs the server's --tool-call-parser), else none")

@@ -17,9 +17,9 @@ from minisgl.core import Constraint
 from minisgl.server.boundary import GenerateRequest
 from minisgl.server.generation import Choice, generation_responses, outputs, respond, usage, usage_so_far
 from minisgl.server.protocol import (
-    MAX_LOGPROBS,
     CompletionLogprobs,
     Envelope,
+    LogprobCount,
     LogprobEntry,
     NonEmptyText,
     PromptLogprobs,
@@ -48,7 +48,7 @@ class CompletionRequest(SamplingFields, VllmExtras):
 
     max_tokens: integer(ge=1) | None = Field(None, description="left out or null: 16 (OpenAI's default), lowered to "
                                              "what the context leaves; more than it leaves is a 400")
-    logprobs: integer(ge=0, le=MAX_LOGPROBS) | None = None
+    logprobs: LogprobCount | None = None
     echo: bool = Field(False, description="the prompt before the output (with logprobs: the prompt's too)")
 
     def prompts(self) -> list[str] | list[list[int]]:
