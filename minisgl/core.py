@@ -21,6 +21,18 @@ class Constraint:
     spec: str = ""
 
 
+@dataclass(frozen=True)
+class ThinkingBudget:
+    """vLLM's thinking_token_budget: once `budget` tokens follow the `start` marker of a thinking block (opened
+    by the prompt or by the output) before its `end` marker, the whole `end` marker is forced next, token by
+    token. A block the model closes itself is left alone. Markers are token ids, as the tokenizer spells them."""
+
+    budget: int
+    start: tuple[int, ...]
+    end: tuple[int, ...]
+
+
+MAX_MARKER_TOKENS = 16  # the longest thinking marker, in tokens
 MAX_LOGIT_BIAS = 300  # entries per request, as OpenAI allows
 # Temperatures below this sample greedily, as vLLM's do: dividing float32 logits by them overflows to inf/NaN.
 GREEDY_TEMPERATURE = 1e-5
@@ -55,6 +67,7 @@ class SamplingParams:
     prompt_logprobs_temperature: float = 1.0  # the prompt's logprobs from logits / this (vLLM's)
     constraint: Constraint | None = None
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit before anything else
+    thinking_budget: ThinkingBudget | None = None  # end a thinking block after this many tokens (vLLM's)
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, rule: str) -> None:
@@ -98,6 +111,13 @@ class SamplingParams:
               "logit_bias", f"None or at most {MAX_LOGIT_BIAS} token ids mapped to numbers in [-100, 100]")
         check(self.constraint is None or self.min_tokens == 0, "min_tokens",
               "0 with a constraint (the grammar alone decides where the output may end)")
+        think = self.thinking_budget
+        check(think is None or (isinstance(think, ThinkingBudget) and isinstance(think.budget, int)
+                                and think.budget >= 0 and all(0 < len(m) <= MAX_MARKER_TOKENS and all(
+                                    isinstance(t, int) for t in m) for m in (think.start, think.end))),
+              "thinking_budget", f"None or a budget >= 0 with markers of 1 to {MAX_MARKER_TOKENS} token ids")
+        check(think is None or self.constraint is None, "thinking_budget",
+              "None with a constraint (the grammar decides every token)")
         self.stop_token_ids = list(self.stop_token_ids)
 
     @property
@@ -147,6 +167,8 @@ def check_request(ids: list[int], params: SamplingParams, vocab_size: int, max_s
     check_prompt(ids, vocab_size, max_seq_len, kv_capacity)
     check_token_ids(params.stop_token_ids, vocab_size, "stop_token_ids")
     check_token_ids(list(params.logit_bias or {}), vocab_size, "logit_bias")
+    if params.thinking_budget is not None:
+        check_token_ids([*params.thinking_budget.start, *params.thinking_budget.end], vocab_size, "thinking_budget")
     for name in ("logprobs", "prompt_logprobs"):  # the top-N alternatives are N distinct tokens of the vocabulary
         if (getattr(params, name) or 0) > vocab_size:
             raise ValueError(f"{name} must be at most the vocabulary size {vocab_size}, got {getattr(params, name)}")

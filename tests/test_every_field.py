@@ -133,7 +133,25 @@ def vllm_output_probes() -> dict:
         "return_token_ids": lambda f: len(f.ok(return_token_ids=True)["choices"][0]["token_ids"]) == f.usage()[1]
         and f.ok()["choices"][0].get("token_ids") is None,
         "return_tokens_as_token_ids": tokens_as_ids_probe,
+        "thinking_token_budget": thinking_budget_probe,
     }
+
+
+def thinking_budget_probe(f: Front) -> bool:
+    """A prompt that opens a thinking block (`<think>` and a newline: 1 token in the block already) gets its end
+    marker after 2 more tokens (the same 2 as without a budget), for a budget of 3; under a grammar the budget is
+    a 400."""
+    end = httpx.post(f"{f.server.url}/tokenize", json={"prompt": "</think>"}).json()["tokens"]
+    opened = {"chat_template_kwargs": {"force_thinking": True}} if f.path.endswith("chat/completions") else {
+        "prompt": "<think>\n"}
+
+    def ids(**fields) -> list[int]:
+        answer = f.ok(**opened, max_tokens=12, ignore_eos=True, return_token_ids=True, **fields)
+        return answer["choices"][0]["token_ids"]
+
+    budgeted = ids(thinking_token_budget=3)
+    return budgeted[2:2 + len(end)] == end and budgeted[:2] == ids()[:2] != end[:2] and f.refused(
+        "thinking_token_budget", thinking_token_budget=3, regex="a+")
 
 
 def tokens_as_ids_probe(f: Front) -> bool:

@@ -37,6 +37,7 @@ class ModelLimits:
     max_seq_len: int
     kv_capacity: int
     max_logprobs: int = 20  # alternatives per token a request may ask for: --max-logprobs, at most the vocabulary
+    thinking_markers: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # the reasoning parser's, as token ids
 
 
 PromptInput = Conversation | list[Conversation] | list[str] | list[list[int]]
@@ -60,7 +61,10 @@ async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, p
     prompt_param = "messages" if is_chat(prompt) else "prompt"
     check_logprobs(body, limits.max_logprobs)
     values, renamed = body.sampling()
-    truncation = body.prompt_truncation(limits.max_seq_len) if isinstance(body, VllmExtras) else None
+    truncation = None
+    if isinstance(body, VllmExtras):
+        truncation = body.prompt_truncation(limits.max_seq_len)
+        values["thinking_budget"] = body.thinking_budget(limits.thinking_markers, bool(body.constraints()))
     encoded = await encode(codec, limits, prompt, whole=truncation is not None)
     if truncation is not None:
         encoded = [await truncated(codec, ids, text, *truncation) for _, ids, text in encoded]

@@ -29,7 +29,7 @@ from pydantic import (
     field_validator,
 )
 
-from minisgl.core import MAX_LOGIT_BIAS, Constraint
+from minisgl.core import MAX_LOGIT_BIAS, Constraint, ThinkingBudget
 from minisgl.server.errors import ApiError
 from minisgl.server.ipc import Alternative, LogprobEntry
 
@@ -261,6 +261,23 @@ class VllmExtras(StrictRequest):
                           "truncation_side")
     truncation_side: Literal["left", "right"] | None = Field(
         None, description="vLLM's: left (the default) drops a long prompt's beginning, right its end")
+    thinking_token_budget: integer(ge=-1) | None = Field(
+        None, description="vLLM's: once a thinking block (the --reasoning-parser's markers) holds this many tokens, "
+                          "its end marker is forced; -1: no budget")
+
+    def thinking_budget(self, markers: tuple[tuple[int, ...], tuple[int, ...]] | None,
+                        constrained: bool) -> ThinkingBudget | None:
+        """The engine's ThinkingBudget for thinking_token_budget: it needs the reasoning parser's markers, and
+        under a grammar (which decides every token) it could not be kept."""
+        if self.thinking_token_budget in (None, -1):
+            return None
+        if markers is None:
+            raise ApiError(400, "thinking_token_budget needs a server started with --reasoning-parser (its markers "
+                                "delimit the thinking)", param="thinking_token_budget")
+        if constrained:
+            raise ApiError(400, "thinking_token_budget cannot be combined with structured outputs or a forced tool "
+                                "choice: the grammar decides every token", param="thinking_token_budget")
+        return ThinkingBudget(self.thinking_token_budget, *markers)
 
     def prompt_truncation(self, context: int) -> tuple[int, Literal["left", "right"]] | None:
         """(tokens each prompt keeps, the side cut), or None when prompts are kept whole."""

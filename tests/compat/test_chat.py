@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -361,11 +362,16 @@ def test_an_answer_sent_back_as_it_came_continues_the_conversation(client):
 
 
 @pytest.fixture(scope="module")
-def thinking_client():
+def thinking_server():
     """--demo with Qwen3's reasoning parser; outputs scripted by a regex (the random model never thinks)."""
     srv = Server("--demo", "--reasoning-parser", "qwen3")
-    yield srv.openai_client()
+    yield srv
     assert srv.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def thinking_client(thinking_server):
+    return thinking_server.openai_client()
 
 
 THOUGHT = {"regex": "<think>\nTwo and two[.]\n</think>\n\nIt is 4[.]"}
@@ -483,3 +489,85 @@ def test_prompt_token_ids_stand_for_the_templated_messages(client, http):
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(messages=[], **args)
     assert caught.value.body["param"] == "messages"
+
+
+def thought_length(ids: list[int], start: list[int], end: list[int]) -> int | None:
+    """Tokens between the last start marker and the first end marker after it, as vLLM's
+    test_thinking_token_budget counts them (None: no start marker; no end: up to the last token)."""
+    starts = [i for i in range(len(ids) - len(start) + 1) if ids[i:i + len(start)] == start]
+    if not starts:
+        return None
+    first = starts[-1] + len(start)
+    return next((j - first for j in range(first, len(ids) - len(end) + 1) if ids[j:j + len(end)] == end),
+                len(ids) - first)
+
+
+THINK = {"chat_template_kwargs": {"force_thinking": True}}  # the demo's template then opens the block: "<think>\n"
+
+
+def budgeted_ids(client, budget: int | None, stream: bool = False, **extra) -> tuple[list[int], list[int]]:
+    """(prompt ids, output ids) of a greedy answer that thinks from its prompt on, with a thinking budget."""
+    body = THINK | {"return_token_ids": True, "ignore_eos": True} | extra
+    if budget is not None:
+        body["thinking_token_budget"] = budget
+    args = dict(model="demo", messages=MESSAGES, max_tokens=24, temperature=0, extra_body=body)
+    if not stream:
+        done = client.chat.completions.create(**args)
+        return done.prompt_token_ids, done.choices[0].token_ids
+    prompt, output = [], []
+    for chunk in client.chat.completions.create(**args, stream=True):
+        prompt = getattr(chunk, "prompt_token_ids", None) or prompt
+        output += [i for c in chunk.choices for i in (getattr(c, "token_ids", None) or [])]
+    return prompt, output
+
+
+def markers(server: Server) -> tuple[list[int], list[int]]:
+    return tuple(httpx.post(f"{server.url}/tokenize", json={"prompt": tag}).json()["tokens"]
+                 for tag in ("<think>", "</think>"))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_thinking_token_budget_ends_the_thinking_after_n_tokens(thinking_server, stream):
+    """vLLM test_thinking_token_budget_limits_reasoning: with thinking_token_budget 5 exactly 5 tokens lie
+    between the start marker (the prompt's) and the end marker, whole or streamed; the thinking goes to
+    reasoning, what follows the end marker to content. Without a budget the random model never ends it."""
+    start, end = markers(thinking_server)
+    prompt, output = budgeted_ids(thinking_server.openai_client(), 5, stream)
+    assert thought_length(prompt + output, start, end) == 5
+    message = thinking_server.openai_client().chat.completions.create(
+        model="demo", messages=MESSAGES, max_tokens=24, temperature=0,
+        extra_body=THINK | {"thinking_token_budget": 5, "ignore_eos": True}).choices[0].message
+    assert message.reasoning is not None and "</think>" not in message.content
+    free_prompt, free = budgeted_ids(thinking_server.openai_client(), None)
+    assert thought_length(free_prompt + free, start, end) == 1 + len(free)  # the prompt's newline, then all
+
+
+def test_thinking_token_budget_leaves_the_rest_of_the_batch_alone(thinking_server):
+    """vLLM test_thinking_token_budget_mixed_requests: requests with and without a budget, sent together, are
+    each answered as when sent alone."""
+    client = thinking_server.openai_client()
+    alone = [budgeted_ids(client, budget) for budget in (3, None, 7)]
+    with ThreadPoolExecutor(3) as pool:
+        together = list(pool.map(lambda budget: budgeted_ids(client, budget), (3, None, 7)))
+    assert together == alone
+    start, end = markers(thinking_server)
+    assert [thought_length(p + o, start, end) for p, o in together] == [3, 1 + len(alone[1][1]), 7]
+
+
+def test_thinking_token_budget_is_checked(thinking_server, client):
+    """vLLM test_thinking_token_budget_validation: an integer >= -1 (-1: no budget); a budget needs the markers of
+    a --reasoning-parser and no grammar; a block the template closes (enable_thinking false) is not counted."""
+    thinking = thinking_server.openai_client()
+    for bad in (-2, 0.6, 10.5):
+        with pytest.raises(openai.BadRequestError) as caught:
+            budgeted_ids(thinking, bad)
+        assert caught.value.body["param"] == "thinking_token_budget"
+    assert budgeted_ids(thinking, -1) == budgeted_ids(thinking, None)
+    with pytest.raises(openai.BadRequestError) as caught:
+        budgeted_ids(client, 3)
+    assert caught.value.body["param"] == "thinking_token_budget" and "--reasoning-parser" in caught.value.message
+    with pytest.raises(openai.BadRequestError) as caught:
+        budgeted_ids(thinking, 3, regex="[a-z]+")
+    assert caught.value.body["param"] == "thinking_token_budget"
+    closed = {"chat_template_kwargs": {"enable_thinking": False}}
+    assert budgeted_ids(thinking, 0, **closed) == budgeted_ids(thinking, None, **closed)
