@@ -10,7 +10,7 @@ import re
 import httpx
 import pytest
 from server_utils import Server
-from template_models import with_chat_template
+from template_models import with_bos_token, with_chat_template
 
 from minisgl.server.routes.chat import ChatCompletionRequest
 from minisgl.server.routes.completions import CompletionRequest
@@ -26,7 +26,8 @@ HOT = {"temperature": 2.0, "seed": 3}  # sampling that differs from greedy
 
 @pytest.fixture(scope="module")
 def server(tiny_models, tmp_path_factory):
-    model = with_chat_template(tiny_models["qwen3"], tmp_path_factory.mktemp("fields") / "qwen3")
+    root = tmp_path_factory.mktemp("fields")  # a tokenizer with a BOS, so that add_special_tokens shows
+    model = with_bos_token(with_chat_template(tiny_models["qwen3"], root / "qwen3"), root / "qwen3-bos")
     srv = Server(model, "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
     yield srv
     assert srv.stop() == 0
@@ -141,7 +142,8 @@ def thinking_budget_probe(f: Front) -> bool:
     """A prompt that opens a thinking block (`<think>` and a newline: 1 token in the block already) gets its end
     marker after 2 more tokens (the same 2 as without a budget), for a budget of 3; under a grammar the budget is
     a 400."""
-    end = httpx.post(f"{f.server.url}/tokenize", json={"prompt": "</think>"}).json()["tokens"]
+    end = httpx.post(f"{f.server.url}/tokenize", json={"prompt": "</think>", "add_special_tokens": False}).json()
+    end = end["tokens"]
     opened = {"chat_template_kwargs": {"force_thinking": True}} if f.path.endswith("chat/completions") else {
         "prompt": "<think>\n"}
 
@@ -243,6 +245,7 @@ CHAT_PROBES = shared_probes() | vllm_output_probes() | {
     "include_reasoning": lambda f: f.ok(**THINKING, include_reasoning=False)["choices"][0]["message"][
         "reasoning_content"] is None and f.ok(**THINKING)["choices"][0]["message"]["reasoning_content"],
     "stream_reasoning": lambda f: reasoning_deltas(f, stream_reasoning=False) == 1 < reasoning_deltas(f),
+    "add_special_tokens": lambda f: f.usage(add_special_tokens=True)[0] == f.usage()[0] + 1,  # a BOS on top
 }
 
 
@@ -252,6 +255,7 @@ COMPLETION_PROBES = shared_probes() | vllm_output_probes() | {
     "logprobs": lambda f: len(f.ok(logprobs=2, ignore_eos=True)["choices"][0]["logprobs"]["token_logprobs"]) == 8
     and f.ok()["choices"][0]["logprobs"] is None,
     "echo": lambda f: f.text(echo=True) == PROMPT + f.text(),
+    "add_special_tokens": lambda f: f.usage(add_special_tokens=False)[0] == f.usage()[0] - 1,  # no BOS
 }
 
 RESPONSES_PROBES = {

@@ -65,7 +65,10 @@ async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, p
     if isinstance(body, VllmExtras):
         truncation = body.prompt_truncation(limits.max_seq_len)
         values["thinking_budget"] = body.thinking_budget(limits.thinking_markers, bool(body.constraints()))
-    encoded = await encode(codec, limits, prompt, whole=truncation is not None)
+    # vLLM's add_special_tokens where the route has it; elsewhere a text prompt gets the tokenizer's special tokens
+    # (a BOS), as SGLang's /generate encodes it, and a chat template writes its own.
+    special = getattr(body, "add_special_tokens", not is_chat(prompt))
+    encoded = await encode(codec, limits, prompt, whole=truncation is not None, special=special)
     if truncation is not None:
         encoded = [await truncated(codec, ids, text, *truncation) for _, ids, text in encoded]
     with refusals_named(prompt_param, renamed):
@@ -143,17 +146,19 @@ def is_chat(prompt: PromptInput) -> bool:
     return isinstance(prompt, Conversation) or bool(prompt) and isinstance(prompt[0], Conversation)
 
 
-async def encode(codec: TextCodec, limits: ModelLimits, prompt: PromptInput, whole: bool = False
-                 ) -> list[tuple[int, list[int], str | None]]:
-    """(token count, ids, text) of every prompt; text is tokenized off the loop, and the ids of a text too
-    long for the context are never built (left empty) unless `whole` (it is to be truncated)."""
+async def encode(codec: TextCodec, limits: ModelLimits, prompt: PromptInput, whole: bool = False,
+                 special: bool = False) -> list[tuple[int, list[int], str | None]]:
+    """(token count, ids, text) of every prompt; text is tokenized off the loop (with the tokenizer's special
+    tokens when `special`; token ids are taken as they are), and the ids of a text too long for the context are
+    never built (left empty) unless `whole` (it is to be truncated)."""
     limit = math.inf if whole else limits.max_seq_len
     if is_chat(prompt):
         codec.require("messages", "chat needs a tokenizer and a chat template; send token ids to /v1/completions")
-        return [await codec.encode_chat(c, limit) for c in ([prompt] if isinstance(prompt, Conversation) else prompt)]
+        return [await codec.encode_chat(c, limit, special)
+                for c in ([prompt] if isinstance(prompt, Conversation) else prompt)]
     if prompt and isinstance(prompt[0], str):
         codec.require("prompt", "send the prompt as token ids")
-        return [(*await codec.encode(text, limit), text) for text in prompt]
+        return [(*await codec.encode(text, limit, special), text) for text in prompt]
     return [(len(ids), ids, None) for ids in prompt]
 
 

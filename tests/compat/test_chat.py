@@ -522,8 +522,8 @@ def budgeted_ids(client, budget: int | None, stream: bool = False, **extra) -> t
 
 
 def markers(server: Server) -> tuple[list[int], list[int]]:
-    return tuple(httpx.post(f"{server.url}/tokenize", json={"prompt": tag}).json()["tokens"]
-                 for tag in ("<think>", "</think>"))
+    return tuple(httpx.post(f"{server.url}/tokenize", json={"prompt": tag, "add_special_tokens": False}).json()[
+        "tokens"] for tag in ("<think>", "</think>"))
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -571,3 +571,20 @@ def test_thinking_token_budget_is_checked(thinking_server, client):
     assert caught.value.body["param"] == "thinking_token_budget"
     closed = {"chat_template_kwargs": {"enable_thinking": False}}
     assert budgeted_ids(thinking, 0, **closed) == budgeted_ids(thinking, None, **closed)
+
+
+def test_a_template_that_writes_the_bos_gets_it_once(bos_server, bos_tokenizer):
+    """vLLM's chat add_special_tokens (default false): the prompt is the template's text, whose own BOS (Llama
+    3's template writes <|begin_of_text|>) comes once; true adds the tokenizer's on top, as vLLM does."""
+    client = bos_server.openai_client()
+    bos = bos_tokenizer.bos_token_id
+    text = bos_tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+
+    def prompt_ids(**extra) -> list[int]:
+        return client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=1, extra_body={
+            "return_token_ids": True} | extra).prompt_token_ids
+
+    once = prompt_ids()
+    assert once == bos_tokenizer(text, add_special_tokens=False).input_ids and once.count(bos) == 1 == once.index(
+        bos) + 1
+    assert prompt_ids(add_special_tokens=True) == [bos, *once]

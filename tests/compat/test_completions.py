@@ -9,6 +9,7 @@ import re
 
 import openai
 import pytest
+from conftest import hf_greedy
 
 PROMPT = "The capital of France is"
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
@@ -338,3 +339,30 @@ def test_return_token_ids_with_echo_keeps_the_prompt_apart(client, tokenizer):
                                        extra_body={"return_token_ids": True, "ignore_eos": True}).choices[0]
     assert len(choice.token_ids) == 5 and choice.prompt_token_ids == ids
     assert tokenizer.decode(choice.prompt_token_ids) == text and choice.text.startswith(text)
+
+
+def test_text_prompts_begin_with_the_bos_as_the_peers_encode_them(bos_server, bos_tokenizer, bos_model):
+    """vLLM's add_special_tokens (default true) and SGLang's encoding: a text prompt gets the tokenizer's special
+    tokens (Llama 3's <|begin_of_text|>), counted in the usage, and the output is what transformers generates
+    from those ids; false leaves them out; token ids are taken as they are; echo shows the text as sent and
+    scores the BOS first (null)."""
+    client = bos_server.openai_client()
+    bos = bos_tokenizer.bos_token_id
+
+    def complete(prompt, **extra):
+        return client.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=0,
+                                         extra_body={"ignore_eos": True, "return_token_ids": True} | extra)
+
+    for special in (True, False):
+        done = complete(PROMPT, **({} if special else {"add_special_tokens": False}))
+        ids = bos_tokenizer(PROMPT, add_special_tokens=special).input_ids
+        assert (ids[0] == bos) is special and done.choices[0].prompt_token_ids == ids
+        assert done.usage.prompt_tokens == len(ids)
+        assert done.choices[0].token_ids == hf_greedy(bos_model, [ids], 6)[0]
+    plain = bos_tokenizer(PROMPT, add_special_tokens=False).input_ids
+    assert complete(plain).choices[0].prompt_token_ids == plain
+    echoed = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=1, echo=True, logprobs=0)
+    logprobs = echoed.choices[0].logprobs
+    assert echoed.choices[0].text.startswith(PROMPT)
+    assert logprobs.tokens[0] == bos_tokenizer.bos_token and logprobs.token_logprobs[0] is None
+    assert len(logprobs.tokens) == echoed.usage.prompt_tokens + 1

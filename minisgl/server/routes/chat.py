@@ -203,6 +203,8 @@ class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras):
     include_reasoning: bool = Field(True, description="vLLM's: false drops the thinking from the answer")
     stream_reasoning: bool = Field(True, description="SGLang's: false sends a streamed choice's thinking in one "
                                                      "delta, once it is complete")
+    add_special_tokens: bool = Field(False, description="vLLM's: true adds the tokenizer's special tokens (a BOS) "
+                                     "to what the chat template wrote (which has its own)")
 
     def shown(self, delta: ChoiceDelta) -> ChoiceDelta:
         """What the answer shows of a parsed delta: its reasoning dropped when include_reasoning is false."""

@@ -50,6 +50,9 @@ class CompletionRequest(SamplingFields, VllmExtras):
                                              "what the context leaves; more than it leaves is a 400")
     logprobs: LogprobCount | None = None
     echo: bool = Field(False, description="the prompt before the output (with logprobs: the prompt's too)")
+    add_special_tokens: bool = Field(True, description="vLLM's: a text prompt is encoded with the tokenizer's "
+                                     "special tokens (a BOS), as vLLM and SGLang encode it; token ids are taken as "
+                                     "they are")
 
     def prompts(self) -> list[str] | list[list[int]]:
         """The prompt as a batch: one string per prompt, or one token-id list per prompt."""
