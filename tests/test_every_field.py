@@ -152,7 +152,10 @@ def thinking_budget_probe(f: Front) -> bool:
         return answer["choices"][0]["token_ids"]
 
     budgeted = ids(thinking_token_budget=3)
-    return budgeted[2:2 + len(end)] == end and budgeted[:2] == ids()[:2] != end[:2] and f.refused(
+    # Chat's prompt also gets vLLM's hint, as a system message of its own
+    hint = {"messages": [{"role": "system", "content": "Think step by step and use fewer than 3 reasoning tokens "
+                                                       "before the final answer."}, *CHAT]} if "chat" in f.path else {}
+    return budgeted[2:2 + len(end)] == end and budgeted[:2] == ids(**hint)[:2] != end[:2] and f.refused(
         "thinking_token_budget", thinking_token_budget=3, regex="a+")
 
 

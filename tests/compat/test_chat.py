@@ -505,12 +505,13 @@ def thought_length(ids: list[int], start: list[int], end: list[int]) -> int | No
 THINK = {"chat_template_kwargs": {"force_thinking": True}}  # the demo's template then opens the block: "<think>\n"
 
 
-def budgeted_ids(client, budget: int | None, stream: bool = False, **extra) -> tuple[list[int], list[int]]:
+def budgeted_ids(client, budget: int | None, stream: bool = False, messages: list[dict] = MESSAGES,
+                 **extra) -> tuple[list[int], list[int]]:
     """(prompt ids, output ids) of a greedy answer that thinks from its prompt on, with a thinking budget."""
     body = THINK | {"return_token_ids": True, "ignore_eos": True} | extra
     if budget is not None:
         body["thinking_token_budget"] = budget
-    args = dict(model="demo", messages=MESSAGES, max_tokens=24, temperature=0, extra_body=body)
+    args = dict(model="demo", messages=messages, max_tokens=24, temperature=0, extra_body=body)
     if not stream:
         done = client.chat.completions.create(**args)
         return done.prompt_token_ids, done.choices[0].token_ids
@@ -570,7 +571,24 @@ def test_thinking_token_budget_is_checked(thinking_server, client):
         budgeted_ids(thinking, 3, regex="[a-z]+")
     assert caught.value.body["param"] == "thinking_token_budget"
     closed = {"chat_template_kwargs": {"enable_thinking": False}}
-    assert budgeted_ids(thinking, 0, **closed) == budgeted_ids(thinking, None, **closed)
+    assert budgeted_ids(thinking, 0, **closed) == budgeted_ids(thinking, None, messages=hinted(MESSAGES, 0), **closed)
+
+
+def hinted(messages: list[dict], budget: int) -> list[dict]:
+    """vLLM's thinking-budget hint, in its words, at the end of the system message (or one of its own)."""
+    hint = f"Think step by step and use fewer than {budget} reasoning tokens before the final answer."
+    if messages[0]["role"] == "system":
+        return [{**messages[0], "content": messages[0]["content"] + "\n\n" + hint}, *messages[1:]]
+    return [{"role": "system", "content": hint}, *messages]
+
+
+@pytest.mark.parametrize("messages", [MESSAGES, MESSAGES[1:]])
+def test_thinking_token_budget_tells_the_model(thinking_server, messages):
+    """vLLM test_thinking_budget_prompt_hint_*: with a budget, the prompt is the conversation whose system
+    message ends with vLLM's hint ("use fewer than N reasoning tokens"), or that starts with the hint alone."""
+    client = thinking_server.openai_client()
+    assert budgeted_ids(client, 9, messages=messages)[0] == budgeted_ids(client, None, messages=hinted(
+        messages, 9))[0] != budgeted_ids(client, None, messages=messages)[0]
 
 
 def test_a_template_that_writes_the_bos_gets_it_once(bos_server, bos_tokenizer):

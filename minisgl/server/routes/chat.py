@@ -173,6 +173,18 @@ class TemplateOptions(StrictRequest):
         return {"add_generation_prompt": add, "continue_final_message": self.continue_final_message}
 
 
+THINKING_HINT = "Think step by step and use fewer than {} reasoning tokens before the final answer."
+
+
+def with_thinking_hint(messages: list[dict], budget: int) -> list[dict]:
+    """vLLM's prompt for a thinking budget: its hint ends a leading system message, or is one of its own first,
+    so that the model plans for the budget the engine enforces."""
+    hint = THINKING_HINT.format(budget)
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{hint}"}, *messages[1:]]
+    return [{"role": "system", "content": hint}, *messages]
+
+
 # The schema says what `prompt` checks: messages, or (vLLM's token-in) prompt_token_ids and no messages.
 MESSAGES_OR_TOKEN_IDS = {
     "if": {"required": ["prompt_token_ids"], "properties": {"prompt_token_ids": {"type": "array"}}},
@@ -285,7 +297,10 @@ class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras):
 
     def conversation(self, tool_use: ToolUse | None) -> Conversation:
         tools = [tool.model_dump(exclude_none=True) for tool in self.tools] if self.tools else None
-        return Conversation([m.template_form() for m in self.messages], tools, tools_needed=tool_use is not None,
+        messages = [m.template_form() for m in self.messages]
+        if self.thinking_token_budget not in (None, -1):
+            messages = with_thinking_hint(messages, self.thinking_token_budget)
+        return Conversation(messages, tools, tools_needed=tool_use is not None,
                             template_kwargs=self.chat_template_kwargs or {}, **self.template_options())
 
     def output_parser(self, tool_use: ToolUse | None, reasoning: str | None, prompt_text: str | None) -> OutputParser:
