@@ -24,6 +24,7 @@ from minisgl.server.protocol import LogprobEntry, PromptTokensDetails, SamplingF
 from minisgl.server.state import ServerState
 
 logger = logging.getLogger("minisgl.api")
+LOAD_REPORT_FORMAT = "endpoint-load-metrics-format"  # the request header asking for an ORCA load report
 
 
 class Choice:
@@ -53,13 +54,14 @@ async def respond(request: Request, state: ServerState, body: SamplingFields, pr
     """Run a generation request and answer it: whole (`whole` builds the response object) or, with
     `stream: true`, as server-sent events of the chunks `stream` yields (None: a route that never streams)."""
     gen, choices = await start(state, body, prompt, prompts)
+    load = state.metrics.load_report(request.headers.get(LOAD_REPORT_FORMAT))  # vLLM's ORCA load report
     if body.stream:
         if state.args.force_include_usage:
             body.stream_options = StreamOptions(include_usage=True, continuous_usage_stats=True)
-        return event_stream(stream(gen, choices))
+        return event_stream(stream(gen, choices), load)
     if not await collect(request, state, choices):
         return Response(status_code=499)  # the client hung up; nobody reads this
-    return JSONResponse(whole(choices, usage(choices, gen.prompts)).model_dump(mode="json"))
+    return JSONResponse(whole(choices, usage(choices, gen.prompts)).model_dump(mode="json"), headers=load)
 
 
 async def start(state: ServerState, body: SamplingFields, prompt: PromptInput, prompts: int
@@ -165,7 +167,7 @@ def generation_responses(whole: type[BaseModel], chunk: type[BaseModel]) -> dict
             **error_responses(400, 401, 404, 413, 500, 503)}
 
 
-def event_stream(chunks: AsyncIterator[BaseModel]) -> StreamingResponse:
+def event_stream(chunks: AsyncIterator[BaseModel], headers: dict[str, str] | None = None) -> StreamingResponse:
     """Server-sent events: one `data:` line per chunk, an error event if the generation fails, then `[DONE]`."""
     async def frames() -> AsyncIterator[str]:
         try:
@@ -178,4 +180,4 @@ def event_stream(chunks: AsyncIterator[BaseModel]) -> StreamingResponse:
             yield f"data: {ApiError(500, f'internal error: {type(exc).__name__}').body_json()}\n\n"
         yield "data: [DONE]\n\n"
 
-    return StreamingResponse(frames(), media_type="text/event-stream")
+    return StreamingResponse(frames(), media_type="text/event-stream", headers=headers)

@@ -606,3 +606,18 @@ def test_a_template_that_writes_the_bos_gets_it_once(bos_server, bos_tokenizer):
     assert once == bos_tokenizer(text, add_special_tokens=False).input_ids and once.count(bos) == 1 == once.index(
         bos) + 1
     assert prompt_ids(add_special_tokens=True) == [bos, *once]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_orca_load_report_in_text(client, stream):
+    """vLLM test_chat_completion_with_orca_header: `endpoint-load-metrics-format: TEXT` gets vLLM's native-HTTP
+    form, `TEXT named_metrics.<name>=<value>, ...`, on a whole or a streamed answer."""
+    raw = client.chat.completions.with_raw_response.create(
+        model="demo", messages=MESSAGES, max_tokens=2, stream=stream,
+        extra_headers={"endpoint-load-metrics-format": "TEXT"})
+    kind, _, report = raw.headers["endpoint-load-metrics"].partition(" ")
+    pairs = dict(pair.split("=") for pair in report.split(", "))
+    assert kind == "TEXT" and set(pairs) == {"named_metrics.kv_cache_usage_perc", "named_metrics.num_requests_waiting"}
+    assert all(float(value) >= 0 for value in pairs.values())
+    if stream:
+        list(raw.parse())  # read to the end: the stream is then closed

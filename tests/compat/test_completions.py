@@ -366,3 +366,19 @@ def test_text_prompts_begin_with_the_bos_as_the_peers_encode_them(bos_server, bo
     assert echoed.choices[0].text.startswith(PROMPT)
     assert logprobs.tokens[0] == bos_tokenizer.bos_token and logprobs.token_logprobs[0] is None
     assert len(logprobs.tokens) == echoed.usage.prompt_tokens + 1
+
+
+def test_orca_load_report_on_request(client):
+    """vLLM test_completion_with_orca_header: `endpoint-load-metrics-format: JSON` is answered with an
+    `endpoint-load-metrics` header, vLLM's ORCA report (KV-cache usage, waiting requests); no header asked for,
+    or a format vLLM does not know, gets none."""
+    def headers(**extra) -> dict:
+        return client.completions.with_raw_response.create(model="demo", prompt=PROMPT, max_tokens=2,
+                                                           extra_headers=extra).headers
+
+    kind, _, report = headers(**{"endpoint-load-metrics-format": "JSON"})["endpoint-load-metrics"].partition(" ")
+    metrics = json.loads(report)["named_metrics"]
+    assert kind == "JSON" and set(metrics) == {"kv_cache_usage_perc", "num_requests_waiting"}
+    assert 0 <= metrics["kv_cache_usage_perc"] <= 1 and metrics["num_requests_waiting"] >= 0
+    assert "endpoint-load-metrics" not in headers()
+    assert "endpoint-load-metrics" not in headers(**{"endpoint-load-metrics-format": "XML"})
