@@ -124,6 +124,7 @@ def seconds_since_start() -> float:
 async def announce_ready(state: ServerState) -> None:
     await state.client.ready.wait()
     info = state.client.info
-    logger.info("ready in %.1f s: model=%s dtype=%s device=%s tp=%d kv_capacity=%d tokens max_seq_len=%d on %s:%d",
+    where = state.args.uds or f"{state.args.host}:{state.args.port}"
+    logger.info("ready in %.1f s: model=%s dtype=%s device=%s tp=%d kv_capacity=%d tokens max_seq_len=%d on %s",
                 seconds_since_start(), state.args.served_model_name, info["dtype"], info["device"],
-                info["tp_size"], info["kv_capacity_tokens"], info["max_seq_len"], state.args.host, state.args.port)
+                info["tp_size"], info["kv_capacity_tokens"], info["max_seq_len"], where)

@@ -35,6 +35,7 @@ class ServerArgs:
     root_path: str = ""
     force_include_usage: bool = False  # every streamed chunk carries the usage so far, as vLLM's flag has it
     max_logprobs: int = 20  # the most alternatives a request may ask for per token; -1: the whole vocabulary
+    uds: str | None = None  # serve on this Unix domain socket instead of host:port (vLLM's --uds)
 
     def logprobs_cap(self, vocab_size: int) -> int:
         """--max-logprobs as a number: -1 (no cap) and a cap beyond the vocabulary are the vocabulary's size."""
@@ -144,6 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     server = p.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 in containers)")
     server.add_argument("--port", type=int, default=1919)
+    server.add_argument("--uds", help="vLLM's: serve on this Unix domain socket path instead of --host/--port (a "
+                                      "sidecar proxy in the same pod reaches it without a TCP port)")
     server.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
                         help="require 'Authorization: Bearer KEY' on every route but /health and /metrics "
                              f"(default: ${API_KEY_ENV}, as vLLM reads it)")
@@ -221,4 +224,4 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     return ServerArgs(engine, a.host, a.port, a.served_model_name or a.model, a.api_key, a.max_queued_requests,
                       a.max_request_bytes, a.shutdown_timeout, a.shell, a.demo, a.log_level, a.skip_tokenizer_init,
                       a.metrics_naming, a.tool_call_parser, a.reasoning_parser, a.root_path,
-                      a.enable_force_include_usage, a.max_logprobs)
+                      a.enable_force_include_usage, a.max_logprobs, a.uds)

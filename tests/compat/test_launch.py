@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import httpx
 import openai
@@ -15,6 +17,7 @@ from conftest import DEVICE
 from prometheus_client.parser import text_string_to_metric_families
 from server_utils import Server
 
+import minisgl
 from minisgl.distributed import free_port
 from minisgl.server.args import parse_args
 from minisgl.server.launch import DEMO_CONTEXT
@@ -254,3 +257,32 @@ def test_logprobs_over_the_default_cap_are_refused(client):
         with pytest.raises(openai.BadRequestError) as refused:
             ask()
         assert "less than or equal to 20" in refused.value.body["message"]
+
+
+def test_serves_on_a_unix_domain_socket(tmp_path):
+    """vLLM test_uds: with --uds PATH the server answers on that socket (here /version and a completion), not
+    on a TCP port."""
+    socket_path = tmp_path / "minisgl.sock"
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "minisgl", "--demo", "--device", DEVICE, "--uds", str(socket_path),
+                             "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(socket_path)), base_url="http://minisgl",
+                          timeout=60) as http:
+            for _ in range(600):
+                assert proc.poll() is None, "the server exited"
+                try:
+                    if http.get("/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.2)
+            assert http.get("/version").json() == {"version": minisgl.__version__}
+            done = http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2}).json()
+            assert done["usage"]["completion_tokens"] >= 1
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{port}/health")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
