@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from minisgl.server.errors import install_error_handlers
-from minisgl.server.middleware import OPEN_PATHS, ApiKeyCheck, BodySizeLimit
+from minisgl.server.middleware import OPEN_PATHS, ApiKeyCheck, BodySizeLimit, RequestIdHeader
 from minisgl.server.protocol import LOGPROBS_MARK, SERVED_MODEL_MARK, TOKEN_ID_MARK
 from minisgl.server.routes import (
     chat,
@@ -59,7 +59,9 @@ def build_app(state: ServerState) -> FastAPI:
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, limit=state.args.max_request_bytes)
     if state.args.api_key:
-        app.add_middleware(ApiKeyCheck, key=state.args.api_key)  # added last: runs first
+        app.add_middleware(ApiKeyCheck, key=state.args.api_key)
+    if state.args.request_id_headers:
+        app.add_middleware(RequestIdHeader)  # added last: runs first (a 401 or a 413 carries the id too)
 
     def openapi() -> dict:
         if app.openapi_schema is None:

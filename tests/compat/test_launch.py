@@ -181,10 +181,11 @@ def test_flags_spelled_with_underscores():
 
 @pytest.fixture(scope="module")
 def behind_proxy():
-    """vLLM test_root_path: --root-path /llm, and the API key from VLLM_API_KEY (no --api-key)."""
+    """vLLM test_root_path: --root-path /llm, and the API key from VLLM_API_KEY (no --api-key); and vLLM
+    test_optional_middleware's --enable-request-id-headers."""
     with pytest.MonkeyPatch.context() as env:
         env.setenv("VLLM_API_KEY", "abc-123")
-        srv = Server("--demo", "--root-path", "/llm")
+        srv = Server("--demo", "--root-path", "/llm", "--enable-request-id-headers")
     yield srv
     assert srv.stop() == 0
 
@@ -198,6 +199,18 @@ def test_root_path_and_api_key_from_vllm_env(behind_proxy, prefix):
     models = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer abc-123"})
     assert models.status_code == 200 and models.json()["data"][0]["id"] == "demo"
     assert httpx.get(f"{url}/health").status_code == 200
+
+
+def test_request_id_headers(behind_proxy, demo):
+    """vLLM test_enable_request_id_header / test_custom_request_id_header / test_no_request_id_header: with
+    --enable-request-id-headers every response (a 401 too) carries X-Request-Id, the request's own or 32 hex
+    digits; without the flag, none."""
+    made = httpx.get(f"{behind_proxy.url}/health").headers["X-Request-Id"]
+    assert len(made) == 32 and int(made, 16) >= 0
+    assert made != httpx.get(f"{behind_proxy.url}/health").headers["X-Request-Id"]
+    refused = httpx.get(f"{behind_proxy.url}/v1/models", headers={"X-Request-Id": "Custom"})
+    assert refused.status_code == 401 and refused.headers["X-Request-Id"] == "Custom"
+    assert "X-Request-Id" not in httpx.get(f"{demo.url}/health").headers
 
 
 def test_vllm_reasoning_and_scheduling_flags():
