@@ -37,6 +37,7 @@ class ServerArgs:
     max_logprobs: int = 20  # the most alternatives a request may ask for per token; -1: the whole vocabulary
     uds: str | None = None  # serve on this Unix domain socket instead of host:port (vLLM's --uds)
     request_id_headers: bool = False  # every response carries X-Request-Id (vLLM's --enable-request-id-headers)
+    tokens_as_token_ids: bool = False  # every request's logprobs spell tokens `token_id:N` (vLLM's flag)
 
     def logprobs_cap(self, vocab_size: int) -> int:
         """--max-logprobs as a number: -1 (no cap) and a cap beyond the vocabulary are the vocabulary's size."""
@@ -172,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--enable-force-include-usage", action="store_true",
                         help="vLLM's: every streamed chat or text completion carries usage, on each chunk (its "
                              "choice's so far) and in a last chunk, whatever stream_options says")
+    server.add_argument("--return-tokens-as-token-ids", action="store_true",
+                        help="vLLM's: logprobs spell every token `token_id:N`, as if each request asked with "
+                             "return_tokens_as_token_ids")
     server.add_argument("--enable-request-id-headers", action="store_true",
                         help="vLLM's: every response carries X-Request-Id, the request's own or a new one")
     server.add_argument("--metrics-naming", choices=NAMINGS, default="sglang",
@@ -227,4 +231,5 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     return ServerArgs(engine, a.host, a.port, a.served_model_name or a.model, a.api_key, a.max_queued_requests,
                       a.max_request_bytes, a.shutdown_timeout, a.shell, a.demo, a.log_level, a.skip_tokenizer_init,
                       a.metrics_naming, a.tool_call_parser, a.reasoning_parser, a.root_path,
-                      a.enable_force_include_usage, a.max_logprobs, a.uds, a.enable_request_id_headers)
+                      a.enable_force_include_usage, a.max_logprobs, a.uds, a.enable_request_id_headers,
+                      a.return_tokens_as_token_ids)

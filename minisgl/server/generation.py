@@ -20,7 +20,14 @@ from minisgl.server.boundary import GenerateRequest, PromptInput, prepare
 from minisgl.server.engine_client import RequestFailed, Sequence
 from minisgl.server.errors import ApiError, error_responses
 from minisgl.server.ipc import TextOutput
-from minisgl.server.protocol import LogprobEntry, PromptTokensDetails, SamplingFields, StreamOptions, Usage
+from minisgl.server.protocol import (
+    LogprobEntry,
+    PromptTokensDetails,
+    SamplingFields,
+    StreamOptions,
+    Usage,
+    VllmExtras,
+)
 from minisgl.server.state import ServerState
 
 logger = logging.getLogger("minisgl.api")
@@ -53,6 +60,8 @@ async def respond(request: Request, state: ServerState, body: SamplingFields, pr
                   stream: Callable[[GenerateRequest, list[Choice]], AsyncIterator[BaseModel]] | None) -> Response:
     """Run a generation request and answer it: whole (`whole` builds the response object) or, with
     `stream: true`, as server-sent events of the chunks `stream` yields (None: a route that never streams)."""
+    if state.args.tokens_as_token_ids and isinstance(body, VllmExtras):  # vLLM's server-wide default
+        body.return_tokens_as_token_ids = True
     gen, choices = await start(state, body, prompt, prompts)
     load = state.metrics.load_report(request.headers.get(LOAD_REPORT_FORMAT))  # vLLM's ORCA load report
     if body.stream:

@@ -48,7 +48,7 @@ def peer_spelled():
                  "--max-payload-size", "2048", "--enable-cache-report", "--enable-prompt-tokens-details",
                  "--no-enable-prefix-caching", "--enable-server-load-tracking", "--enable-chunked-prefill",
                  "--metrics-naming", "vllm",
-                 "--enable-force-include-usage")
+                 "--enable-force-include-usage", "--return-tokens-as-token-ids")
     yield srv
     assert srv.stop() == 0
 
@@ -106,6 +106,18 @@ def test_force_include_usage_puts_usage_on_every_chunk(peer_spelled):
     counts = [c.usage.completion_tokens for c in chunks if c.choices]  # tokens may arrive several to a chunk
     assert counts[0] == 0 and counts[-1] == 4 and all(a < b for a, b in zip(counts[1:], counts[2:]))
     assert not chunks[-1].choices and chunks[-1].usage.completion_tokens == 4
+
+
+def test_return_tokens_as_token_ids_flag(peer_spelled):
+    """vLLM test_return_tokens_as_ids' server flag: every request's logprobs spell tokens `token_id:N` (the ids of
+    its answer), as if it had asked with return_tokens_as_token_ids."""
+    client = peer_spelled.openai_client()
+    text = client.completions.create(model="demo", prompt="Say 'Hello, world! 🎉'", max_tokens=4, logprobs=1,
+                                     extra_body={"return_token_ids": True})
+    assert text.choices[0].logprobs.tokens == [f"token_id:{i}" for i in text.choices[0].token_ids]
+    chat = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "🐱"}], max_tokens=4,
+                                          logprobs=True, extra_body={"return_token_ids": True})
+    assert [t.token for t in chat.choices[0].logprobs.content] == [f"token_id:{i}" for i in chat.choices[0].token_ids]
 
 
 def running_gauges(server: Server) -> tuple[float, float]:
