@@ -68,6 +68,7 @@ class SamplingParams:
     constraint: Constraint | None = None
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit before anything else
     thinking_budget: ThinkingBudget | None = None  # end a thinking block after this many tokens (vLLM's)
+    return_hidden_states: bool = False  # keep the final hidden state each token was sampled from (SGLang's)
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, rule: str) -> None:
@@ -116,6 +117,7 @@ class SamplingParams:
                                 and think.budget >= 0 and all(0 < len(m) <= MAX_MARKER_TOKENS and all(
                                     isinstance(t, int) for t in m) for m in (think.start, think.end))),
               "thinking_budget", f"None or a budget >= 0 with markers of 1 to {MAX_MARKER_TOKENS} token ids")
+        check(isinstance(self.return_hidden_states, bool), "return_hidden_states", "a bool")
         check(think is None or self.constraint is None, "thinking_budget",
               "None with a constraint (the grammar decides every token)")
         self.stop_token_ids = list(self.stop_token_ids)
@@ -217,6 +219,7 @@ class Req:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (best over admissions)
     cache_handle: object = None  # the prefix-cache node locked for this request
     cache_salt: str | None = None  # requests share cached prefixes only with requests of the same salt (vLLM's)
+    hidden_state: list[float] | None = None  # the last token's (return_hidden_states): the final norm's output
 
     @property
     def scores_prompt(self) -> bool:

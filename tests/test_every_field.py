@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import httpx
 import pytest
@@ -28,7 +29,7 @@ HOT = {"temperature": 2.0, "seed": 3}  # sampling that differs from greedy
 def server(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("fields")  # a tokenizer with a BOS, so that add_special_tokens shows
     model = with_bos_token(with_chat_template(tiny_models["qwen3"], root / "qwen3"), root / "qwen3-bos")
-    srv = Server(model, "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
+    srv = Server(model, "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3", "--enable-return-hidden-states")
     yield srv
     assert srv.stop() == 0
 
@@ -135,7 +136,16 @@ def vllm_output_probes() -> dict:
         and f.ok()["choices"][0].get("token_ids") is None,
         "return_tokens_as_token_ids": tokens_as_ids_probe,
         "thinking_token_budget": thinking_budget_probe,
+        "return_hidden_states": hidden_states_probe,
     }
+
+
+def hidden_states_probe(f: Front) -> bool:
+    """SGLang's return_hidden_states: a choice gets `hidden_states`, one float per unit of the model's hidden size;
+    not asked for, no such key."""
+    config = Path(f.server.info()["model"]) / "config.json"
+    asked = f.ok(return_hidden_states=True, max_tokens=3, ignore_eos=True)["choices"][0]["hidden_states"]
+    return len(asked) == json.loads(config.read_text())["hidden_size"] and "hidden_states" not in f.ok()["choices"][0]
 
 
 def thinking_budget_probe(f: Front) -> bool:

@@ -38,6 +38,7 @@ class ServerArgs:
     uds: str | None = None  # serve on this Unix domain socket instead of host:port (vLLM's --uds)
     request_id_headers: bool = False  # every response carries X-Request-Id (vLLM's --enable-request-id-headers)
     tokens_as_token_ids: bool = False  # every request's logprobs spell tokens `token_id:N` (vLLM's flag)
+    return_hidden_states: bool = False  # requests may ask for their final hidden states (SGLang's flag)
 
     def logprobs_cap(self, vocab_size: int) -> int:
         """--max-logprobs as a number: -1 (no cap) and a cap beyond the vocabulary are the vocabulary's size."""
@@ -118,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "PREFILL,DECODE to mix them (default: auto)")
     engine.add_argument("--cuda-graph-max-bs", type=int, default=256,
                         help="largest decode batch replayed from a CUDA graph; 0 turns graphs off (default: 256)")
-    engine.add_argument("--enforce-eager", action="store_true", help="vLLM spelling of --cuda-graph-max-bs 0")
+    engine.add_argument("--enforce-eager", "--disable-cuda-graph", dest="enforce_eager", action="store_true",
+                        help="vLLM's and SGLang's spellings of --cuda-graph-max-bs 0")
     engine.add_argument("--disable-overlap-schedule", "--no-async-scheduling", action="store_true",
                         help="run each step to completion before scheduling the next (overlap is on by default; "
                              "vLLM calls it async scheduling)")
@@ -176,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--return-tokens-as-token-ids", action="store_true",
                         help="vLLM's: logprobs spell every token `token_id:N`, as if each request asked with "
                              "return_tokens_as_token_ids")
+    server.add_argument("--enable-return-hidden-states", action="store_true",
+                        help="SGLang's: chat and text completions may ask for return_hidden_states (each choice's "
+                             "final hidden state; a device-to-host copy per step for the batches that hold one)")
     server.add_argument("--enable-request-id-headers", action="store_true",
                         help="vLLM's: every response carries X-Request-Id, the request's own or a new one")
     server.add_argument("--metrics-naming", choices=NAMINGS, default="sglang",
@@ -232,4 +237,4 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
                       a.max_request_bytes, a.shutdown_timeout, a.shell, a.demo, a.log_level, a.skip_tokenizer_init,
                       a.metrics_naming, a.tool_call_parser, a.reasoning_parser, a.root_path,
                       a.enable_force_include_usage, a.max_logprobs, a.uds, a.enable_request_id_headers,
-                      a.return_tokens_as_token_ids)
+                      a.return_tokens_as_token_ids, a.enable_return_hidden_states)

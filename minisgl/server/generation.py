@@ -44,6 +44,7 @@ class Choice:
         self.text, self.logprobs, self.token_ids, self.finish = "", [], [], None
         self.matched_stop: str | int | None = None
         self.prompt_logprobs: list[LogprobEntry] | None = None  # prompt tokens 1.., when asked for
+        self.hidden_state: list[float] | None = None  # the latest token's, when asked for (return_hidden_states)
 
     def add(self, out: TextOutput) -> None:
         self.text += out.text
@@ -53,6 +54,14 @@ class Choice:
         self.matched_stop = out.matched_stop if out.matched_stop is not None else self.matched_stop
         if out.prompt_logprobs is not None:
             self.prompt_logprobs = out.prompt_logprobs
+        if out.hidden_state is not None:
+            self.hidden_state = out.hidden_state
+
+    @property
+    def hidden_states(self) -> list[float]:
+        """SGLang's `hidden_states` of a choice: the final hidden state its last token was sampled from, or
+        nothing ([]) when its only token came from the prompt's prefill (SGLang keeps that one apart)."""
+        return self.hidden_state if len(self.token_ids) > 1 and self.hidden_state is not None else []
 
 
 async def respond(request: Request, state: ServerState, body: SamplingFields, prompt: PromptInput, prompts: int,
@@ -62,6 +71,9 @@ async def respond(request: Request, state: ServerState, body: SamplingFields, pr
     `stream: true`, as server-sent events of the chunks `stream` yields (None: a route that never streams)."""
     if state.args.tokens_as_token_ids and isinstance(body, VllmExtras):  # vLLM's server-wide default
         body.return_tokens_as_token_ids = True
+    if getattr(body, "return_hidden_states", False) and not state.args.return_hidden_states:
+        raise ApiError(400, "return_hidden_states needs a server started with --enable-return-hidden-states (as "
+                            "SGLang's)", param="return_hidden_states")
     gen, choices = await start(state, body, prompt, prompts)
     load = state.metrics.load_report(request.headers.get(LOAD_REPORT_FORMAT))  # vLLM's ORCA load report
     if body.stream:

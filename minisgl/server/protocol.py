@@ -308,6 +308,14 @@ class VllmExtras(StrictRequest):
         return [asked_by for asked_by in asked if asked_by is not None]
 
 
+class HiddenStatesOption(StrictRequest):
+    """SGLang's return_hidden_states, on chat and text completions (the server must be started with
+    --enable-return-hidden-states, as SGLang's)."""
+
+    return_hidden_states: bool = Field(False, description="SGLang's: each choice also has `hidden_states`, the final "
+                                       "hidden state (after the last norm) its last token was sampled from")
+
+
 # ---------------------------------------------------------------- responses
 
 

@@ -43,7 +43,7 @@ def bos_model(tiny_models, tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def bos_server(bos_model):
-    srv = Server(bos_model)
+    srv = Server(bos_model, "--enable-return-hidden-states")
     yield srv
     assert srv.stop() == 0
 

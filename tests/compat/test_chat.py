@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import openai
@@ -621,3 +622,19 @@ def test_orca_load_report_in_text(client, stream):
     assert all(float(value) >= 0 for value in pairs.values())
     if stream:
         list(raw.parse())  # read to the end: the stream is then closed
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_return_hidden_states_on_each_choice(bos_server, bos_model, stream):
+    """SGLang run_chat_completion(_stream) with return_hidden_states: each of n choices has `hidden_states` (the
+    model's hidden size of floats), streamed in one delta of its own per choice, and no other chunk has the key."""
+    client = bos_server.openai_client()
+    args = dict(model="tiny", messages=MESSAGES, n=2, max_tokens=3, temperature=1.0,
+                extra_body={"return_hidden_states": True, "ignore_eos": True})
+    size = json.loads((Path(bos_model) / "config.json").read_text())["hidden_size"]
+    if stream:
+        found = [c.delta.hidden_states for chunk in client.chat.completions.create(**args, stream=True)
+                 for c in chunk.choices if hasattr(c.delta, "hidden_states")]
+    else:
+        found = [c.hidden_states for c in client.chat.completions.create(**args).choices]
+    assert len(found) == 2 and all(len(h) == size and all(isinstance(x, float) for x in h) for h in found)

@@ -7,9 +7,11 @@ import json
 import math
 import re
 
+import httpx
 import openai
 import pytest
-from conftest import hf_greedy
+import torch
+from conftest import DEVICE, hf_greedy, hf_model
 
 PROMPT = "The capital of France is"
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
@@ -382,3 +384,32 @@ def test_orca_load_report_on_request(client):
     assert 0 <= metrics["kv_cache_usage_perc"] <= 1 and metrics["num_requests_waiting"] >= 0
     assert "endpoint-load-metrics" not in headers()
     assert "endpoint-load-metrics" not in headers(**{"endpoint-load-metrics-format": "XML"})
+
+
+def test_return_hidden_states_are_the_models(bos_server, bos_model, client):
+    """SGLang test_openai_server_hidden_states: with --enable-return-hidden-states, return_hidden_states gives each
+    choice `hidden_states`, the final hidden state (after the last norm) its last token was sampled from, as
+    transformers computes it; streamed, in one chunk of its own per choice; not asked for, no such key; an answer
+    of one token has [] (SGLang's: its token came from the prefill). Without the flag: a 400."""
+    http = httpx.Client(base_url=bos_server.url, timeout=60)
+    body = {"prompt": [PROMPT, "Hello"], "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True, "return_hidden_states": True}
+    whole = http.post("/v1/completions", json=body).json()["choices"]
+    for choice in whole:
+        ids = choice["prompt_token_ids"] + choice["token_ids"][:-1]
+        with torch.no_grad():
+            out = hf_model(bos_model)(torch.tensor([ids], device=DEVICE), output_hidden_states=True)
+        expected = out.hidden_states[-1][0, -1].float().cpu()
+        assert torch.allclose(torch.tensor(choice["hidden_states"]), expected, rtol=1e-3, atol=1e-3)
+    with http.stream("POST", "/v1/completions", json=body | {"stream": True}) as events:
+        chunks = [json.loads(line[6:]) for line in events.iter_lines() if line.startswith("data: {")]
+    carrying = [c for chunk in chunks for c in chunk["choices"] if "hidden_states" in c]
+    assert sorted(c["index"] for c in carrying) == [0, 1]
+    streamed = {c["index"]: torch.tensor(c["hidden_states"]) for c in carrying}  # batched apart: float rounding
+    assert all(torch.allclose(streamed[c["index"]], torch.tensor(c["hidden_states"]), atol=1e-4) for c in whole)
+    assert "hidden_states" not in http.post("/v1/completions", json=body | {"return_hidden_states": False}).json()[
+        "choices"][0]
+    assert http.post("/v1/completions", json=body | {"max_tokens": 1}).json()["choices"][0]["hidden_states"] == []
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="demo", prompt=PROMPT, max_tokens=1, extra_body={"return_hidden_states": True})
+    assert refused.value.body["param"] == "return_hidden_states"

@@ -26,6 +26,7 @@ from minisgl.server.parsers.tools import ToolCall, forced_schema
 from minisgl.server.protocol import (
     ChatLogprobs,
     Envelope,
+    HiddenStatesOption,
     LogprobCount,
     NonEmptyText,
     PromptLogprobs,
@@ -191,7 +192,7 @@ MESSAGES_OR_TOKEN_IDS = {
     "then": {"properties": {"messages": {"maxItems": 0}}}, "else": {"properties": {"messages": {"minItems": 1}}}}
 
 
-class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras):
+class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras, HiddenStatesOption):
     model_config = ConfigDict(json_schema_extra=MESSAGES_OR_TOKEN_IDS)
 
     messages: list[ChatMessage] = Field(description="the conversation; empty only with prompt_token_ids")
@@ -253,7 +254,8 @@ class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras):
         by_completion = self.max_completion_tokens is not None
         values = self.shared_sampling() | {
             "max_tokens": self.max_completion_tokens if by_completion else self.max_tokens,
-            "logprobs": (self.top_logprobs or 0) if self.logprobs else None} | self.prompt_scoring(self.prompt_logprobs)
+            "logprobs": (self.top_logprobs or 0) if self.logprobs else None,
+            "return_hidden_states": self.return_hidden_states} | self.prompt_scoring(self.prompt_logprobs)
         renamed = {"logprobs": "top_logprobs"} | ({"max_tokens": "max_completion_tokens"} if by_completion else {})
         return values, renamed
 
@@ -354,6 +356,7 @@ class ChatChoice(BaseModel):
                                                          "has it)")
     matched_stop: str | int | None = Field(None, description="SGLang's: the stop string or stop/EOS token id that "
                                                              "ended a 'stop' choice")
+    hidden_states: list[float] | None = Field(None, exclude_if=omitted, description="SGLang's return_hidden_states")
 
 
 class ChatCompletionResponse(Envelope):
@@ -385,6 +388,8 @@ class DeltaMessage(BaseModel):
     reasoning_content: str | None = Field(None, description="null when none, as SGLang's deltas have it")
     reasoning: str | None = Field(None, exclude_if=omitted, description="vLLM's name for reasoning_content")
     tool_calls: list[DeltaToolCall] | None = Field(None, exclude_if=omitted)
+    hidden_states: list[float] | None = Field(None, exclude_if=omitted, description="SGLang's: in a chunk of its own "
+                                              "after the choice's last")
 
 
 class ChatChunkChoice(BaseModel):
@@ -442,7 +447,8 @@ def chat_choices(body: ChatCompletionRequest, choices: list[Choice], parser: Cal
         logprobs = chat_logprobs(c.logprobs, body.return_tokens_as_token_ids) if c.logprobs else None
         answers.append(ChatChoice(index=c.index, message=message, finish_reason=finish_reason(c.finish, parsed),
                                   logprobs=logprobs, token_ids=c.token_ids if body.return_token_ids else None,
-                                  matched_stop=c.matched_stop))
+                                  matched_stop=c.matched_stop,
+                                  hidden_states=c.hidden_states if body.return_hidden_states else None))
     return answers
 
 
@@ -502,5 +508,8 @@ async def chunks(state: ServerState, body: ChatCompletionRequest, gen: GenerateR
                 finish_reason=finish_reason(out.finish_reason, parser),
                 token_ids=out.new_ids if body.return_token_ids else None)],
                 usage=usage_so_far(choice) if continuous else None, prompt_logprobs=prompt_logprobs)
+        if out.finish_reason and body.return_hidden_states:
+            yield ChatCompletionChunk(id=chunk_id, model=model, choices=[ChatChunkChoice(
+                index=choice.index, delta=DeltaMessage(hidden_states=choice.hidden_states))])
     if body.include_usage:
         yield ChatCompletionChunk(id=chunk_id, model=model, choices=[], usage=usage(choices, gen.prompts))
