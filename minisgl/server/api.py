@@ -24,7 +24,13 @@ from pydantic.json_schema import models_json_schema
 
 from minisgl.server.errors import install_error_handlers
 from minisgl.server.middleware import OPEN_PATHS, ApiKeyCheck, BodySizeLimit, RequestIdHeader
-from minisgl.server.protocol import LOGPROBS_MARK, SERVED_MODEL_MARK, TOKEN_ID_MARK
+from minisgl.server.protocol import (
+    HIDDEN_STATES_MARK,
+    LOGPROBS_MARK,
+    SERVED_MODEL_MARK,
+    THINKING_MARK,
+    TOKEN_ID_MARK,
+)
 from minisgl.server.routes import (
     chat,
     chat_batch,
@@ -77,7 +83,8 @@ def build_app(state: ServerState) -> FastAPI:
 
 def describe_this_server(schema: dict, state: ServerState, event_models: list[type[BaseModel]]) -> dict:
     """Fit FastAPI's generated schema to what this server answers: errors are 400 (never FastAPI's 422),
-    `model` is the served model, token ids are bounded by its vocabulary, logprob counts by --max-logprobs,
+    `model` is the served model, token ids are bounded by its vocabulary, logprob counts by --max-logprobs, the
+    options this server was not started for (a thinking budget, hidden states) are held to their off values,
     streamed chunks are described, and with --api-key every route but the probes' declares the bearer key."""
     for path, operations in schema["paths"].items():
         for operation in operations.values():
@@ -95,7 +102,9 @@ def describe_this_server(schema: dict, state: ServerState, event_models: list[ty
 
     fill_in = {TOKEN_ID_MARK: {"maximum": state.vocab_size - 1},
                SERVED_MODEL_MARK: {"enum": [state.args.served_model_name]},
-               LOGPROBS_MARK: {"maximum": state.args.logprobs_cap(state.vocab_size)}}
+               LOGPROBS_MARK: {"maximum": state.args.logprobs_cap(state.vocab_size)},
+               THINKING_MARK: {} if state.thinking_markers else {"maximum": -1},  # budgets need the parser's markers
+               HIDDEN_STATES_MARK: {} if state.args.return_hidden_states else {"enum": [False]}}
 
     def fill(node: Any) -> None:
         if isinstance(node, dict):

@@ -36,8 +36,10 @@ from minisgl.server.ipc import Alternative, LogprobEntry
 MAX_N = 16
 MAX_STOP_STRINGS = 16
 # Marks on schema nodes that api.py fills in for this server: `maximum: vocab_size - 1` on a token id,
-# `enum: [served model name]` on `model`, `maximum: the cap` on a count of logprob alternatives (--max-logprobs).
+# `enum: [served model name]` on `model`, `maximum: the cap` on a count of logprob alternatives (--max-logprobs);
+# a thinking budget only -1 without --reasoning-parser, return_hidden_states only false without its flag.
 TOKEN_ID_MARK, SERVED_MODEL_MARK, LOGPROBS_MARK = "x-token-id", "x-served-model", "x-max-logprobs"
+THINKING_MARK, HIDDEN_STATES_MARK = "x-thinking-budget", "x-hidden-states"
 
 
 def _valid_unicode(text: str) -> str:
@@ -261,7 +263,7 @@ class VllmExtras(StrictRequest):
                           "truncation_side")
     truncation_side: Literal["left", "right"] | None = Field(
         None, description="vLLM's: left (the default) drops a long prompt's beginning, right its end")
-    thinking_token_budget: integer(ge=-1) | None = Field(
+    thinking_token_budget: integer(ge=-1, **{THINKING_MARK: True}) | None = Field(
         None, description="vLLM's: once a thinking block (the --reasoning-parser's markers) holds this many tokens, "
                           "its end marker is forced; -1: no budget")
 
@@ -312,7 +314,8 @@ class HiddenStatesOption(StrictRequest):
     """SGLang's return_hidden_states, on chat and text completions (the server must be started with
     --enable-return-hidden-states, as SGLang's)."""
 
-    return_hidden_states: bool = Field(False, description="SGLang's: each choice also has `hidden_states`, the final "
+    return_hidden_states: bool = Field(False, json_schema_extra={HIDDEN_STATES_MARK: True},
+                                       description="SGLang's: each choice also has `hidden_states`, the final "
                                        "hidden state (after the last norm) its last token was sampled from")
 
 
