@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import hf_greedy, make_llm, random_prompts
 
-from minisgl.core import SamplingParams, ThinkingBudget
+from minisgl.core import SamplingParams, ThinkingBudget, check_request
 from minisgl.engine.sampler import Sampler
 
 V = 32
@@ -324,3 +324,12 @@ def test_thinking_budget_through_the_engine(tiny_models, overlap):
         assert outs[2] == alone[2]
     finally:
         llm.shutdown()
+
+
+def test_logprobs_are_capped_by_the_vocabulary_not_by_openais_20() -> None:
+    """Any count of alternatives up to the vocabulary is a valid request (a server caps it with --max-logprobs);
+    more would ask topk for more tokens than there are."""
+    check_request([1, 2], SamplingParams(logprobs=V, prompt_logprobs=V), V, 64, 64)
+    for field in ("logprobs", "prompt_logprobs"):
+        with pytest.raises(ValueError, match=f"{field} must be at most the vocabulary size {V}"):
+            check_request([1, 2], SamplingParams(**{field: V + 1}), V, 64, 64)
