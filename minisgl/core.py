@@ -21,6 +21,18 @@ class Constraint:
     spec: str = ""
 
 
+@dataclass(frozen=True)
+class ThinkingBudget:
+    """vLLM's thinking_token_budget: once `budget` tokens follow the `start` marker of a thinking block (opened
+    by the prompt or by the output) before its `end` marker, the whole `end` marker is forced next, token by
+    token. A block the model closes itself is left alone. Markers are token ids, as the tokenizer spells them."""
+
+    budget: int
+    start: tuple[int, ...]
+    end: tuple[int, ...]
+
+
+MAX_MARKER_TOKENS = 16  # the longest thinking marker, in tokens
 MAX_LOGIT_BIAS = 300  # entries per request, as OpenAI allows
 # Temperatures below this sample greedily, as vLLM's do: dividing float32 logits by them overflows to inf/NaN.
 GREEDY_TEMPERATURE = 1e-5
@@ -32,9 +44,10 @@ class SamplingParams:
 
     temperature 0 means greedy. `seed` makes sampling reproducible whatever else shares the batch.
     `logprobs` = N returns the chosen token's log-probability plus the top N alternatives
-    (None: no logprobs at all); `prompt_logprobs` = N the same for every prompt token but the first
-    (its prefill then skips the prefix cache: cached tokens have no logits). `constraint` restricts
-    every sampled token to those its grammar allows. `logit_bias` is added to its tokens' logits first.
+    (None: no logprobs at all; N at most the vocabulary: `check_request`); `prompt_logprobs` = N the same
+    for every prompt token but the first (its prefill then skips the prefix cache: cached tokens have no
+    logits). `constraint` restricts every sampled token to those its grammar allows. `logit_bias` is added
+    to its tokens' logits first.
     """
 
     temperature: float = 1.0
@@ -54,6 +67,8 @@ class SamplingParams:
     prompt_logprobs_temperature: float = 1.0  # the prompt's logprobs from logits / this (vLLM's)
     constraint: Constraint | None = None
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit before anything else
+    thinking_budget: ThinkingBudget | None = None  # end a thinking block after this many tokens (vLLM's)
+    return_hidden_states: bool = False  # keep the final hidden state each token was sampled from (SGLang's)
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, rule: str) -> None:
@@ -85,7 +100,7 @@ class SamplingParams:
         check(finite("repetition_penalty") and self.repetition_penalty > 0, "repetition_penalty", "a number > 0")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            check(value is None or (whole(name) and 0 <= value <= 20), name, "None or an integer in [0, 20]")
+            check(value is None or (whole(name) and value >= 0), name, "None or an integer >= 0")
         check(finite("prompt_logprobs_temperature") and self.prompt_logprobs_temperature > 0,
               "prompt_logprobs_temperature", "a number > 0")
         check(self.constraint is None or isinstance(self.constraint, Constraint), "constraint",
@@ -97,6 +112,14 @@ class SamplingParams:
               "logit_bias", f"None or at most {MAX_LOGIT_BIAS} token ids mapped to numbers in [-100, 100]")
         check(self.constraint is None or self.min_tokens == 0, "min_tokens",
               "0 with a constraint (the grammar alone decides where the output may end)")
+        think = self.thinking_budget
+        check(think is None or (isinstance(think, ThinkingBudget) and isinstance(think.budget, int)
+                                and think.budget >= 0 and all(0 < len(m) <= MAX_MARKER_TOKENS and all(
+                                    isinstance(t, int) for t in m) for m in (think.start, think.end))),
+              "thinking_budget", f"None or a budget >= 0 with markers of 1 to {MAX_MARKER_TOKENS} token ids")
+        check(isinstance(self.return_hidden_states, bool), "return_hidden_states", "a bool")
+        check(think is None or self.constraint is None, "thinking_budget",
+              "None with a constraint (the grammar decides every token)")
         self.stop_token_ids = list(self.stop_token_ids)
 
     @property
@@ -146,6 +169,11 @@ def check_request(ids: list[int], params: SamplingParams, vocab_size: int, max_s
     check_prompt(ids, vocab_size, max_seq_len, kv_capacity)
     check_token_ids(params.stop_token_ids, vocab_size, "stop_token_ids")
     check_token_ids(list(params.logit_bias or {}), vocab_size, "logit_bias")
+    if params.thinking_budget is not None:
+        check_token_ids([*params.thinking_budget.start, *params.thinking_budget.end], vocab_size, "thinking_budget")
+    for name in ("logprobs", "prompt_logprobs"):  # the top-N alternatives are N distinct tokens of the vocabulary
+        if (getattr(params, name) or 0) > vocab_size:
+            raise ValueError(f"{name} must be at most the vocabulary size {vocab_size}, got {getattr(params, name)}")
 
 
 class ReqStatus(enum.Enum):
@@ -191,6 +219,7 @@ class Req:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (best over admissions)
     cache_handle: object = None  # the prefix-cache node locked for this request
     cache_salt: str | None = None  # requests share cached prefixes only with requests of the same salt (vLLM's)
+    hidden_state: list[float] | None = None  # the last token's (return_hidden_states): the final norm's output
 
     @property
     def scores_prompt(self) -> bool:

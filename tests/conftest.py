@@ -61,12 +61,14 @@ def hf_logprobs(path: str, prompt: list[int], output: list[int], dtype: torch.dt
 
 
 def hf_greedy(path: str, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """transformers' own greedy generate, one prompt at a time (no padding), EOS ignored."""
+    """transformers' own greedy generate, one prompt at a time (no padding), EOS ignored. The attention mask is
+    given: inferred, it would hide prompt tokens equal to the pad id (a BOS that doubles as padding)."""
     model = hf_model(path)
     outs = []
     with torch.no_grad():
         for prompt in prompts:
-            ids = model.generate(torch.tensor([prompt], device=DEVICE), max_new_tokens=max_new_tokens,
+            prompt_ids = torch.tensor([prompt], device=DEVICE)
+            ids = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), max_new_tokens=max_new_tokens,
                                  min_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
             outs.append(ids[0, len(prompt):].tolist())
     return outs

@@ -12,7 +12,9 @@ stream,
 and the rules across fields (min_tokens <= max_tokens, and none with a grammar; /generate's
 min_new_tokens <= max_new_tokens; top_logprobs needs logprobs; prompt_logprobs_temperature needs prompt
 scoring; stream_options needs stream; truncation_side needs truncate_prompt_tokens; a chat has messages or
-vLLM's prompt_token_ids, not both, and the chat template's options only with messages), and a seed just
+vLLM's prompt_token_ids, not both, and the chat template's options only with messages), a thinking budget
+(thinking_token_budget needs --reasoning-parser and no grammar), hidden states (return_hidden_states needs
+--enable-return-hidden-states), and a seed just
 past a signed 64-bit integer (schemathesis compares integers that large as floats, so 2**63 + 191 looks
 equal to the bound 2**63 - 1). Each of those is a 400
 that names its reason; any other 400 for schema-valid data fails the run.
@@ -30,7 +32,7 @@ REFUSALS_BY_PARAM = {"min_tokens", "sampling_params.min_new_tokens", "top_logpro
                      "guided_json", "guided_regex", "guided_choice", "guided_grammar", "sampling_params.json_schema",
                      "continue_final_message", "prompt_logprobs_temperature", "seed", "truncation_side",
                      "messages", "prompt_token_ids", "add_generation_prompt", "echo", "chat_template_kwargs",
-                     "background"}
+                     "background", "thinking_token_budget", "return_hidden_states"}
 
 
 @schemathesis.check

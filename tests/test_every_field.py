@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import httpx
 import pytest
 from server_utils import Server
-from template_models import with_chat_template
+from template_models import with_bos_token, with_chat_template
 
 from minisgl.server.routes.chat import ChatCompletionRequest
 from minisgl.server.routes.completions import CompletionRequest
@@ -26,8 +27,9 @@ HOT = {"temperature": 2.0, "seed": 3}  # sampling that differs from greedy
 
 @pytest.fixture(scope="module")
 def server(tiny_models, tmp_path_factory):
-    model = with_chat_template(tiny_models["qwen3"], tmp_path_factory.mktemp("fields") / "qwen3")
-    srv = Server(model, "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
+    root = tmp_path_factory.mktemp("fields")  # a tokenizer with a BOS, so that add_special_tokens shows
+    model = with_bos_token(with_chat_template(tiny_models["qwen3"], root / "qwen3"), root / "qwen3-bos")
+    srv = Server(model, "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3", "--enable-return-hidden-states")
     yield srv
     assert srv.stop() == 0
 
@@ -133,7 +135,38 @@ def vllm_output_probes() -> dict:
         "return_token_ids": lambda f: len(f.ok(return_token_ids=True)["choices"][0]["token_ids"]) == f.usage()[1]
         and f.ok()["choices"][0].get("token_ids") is None,
         "return_tokens_as_token_ids": tokens_as_ids_probe,
+        "thinking_token_budget": thinking_budget_probe,
+        "return_hidden_states": hidden_states_probe,
     }
+
+
+def hidden_states_probe(f: Front) -> bool:
+    """SGLang's return_hidden_states: a choice gets `hidden_states`, one float per unit of the model's hidden size;
+    not asked for, no such key."""
+    config = Path(f.server.info()["model"]) / "config.json"
+    asked = f.ok(return_hidden_states=True, max_tokens=3, ignore_eos=True)["choices"][0]["hidden_states"]
+    return len(asked) == json.loads(config.read_text())["hidden_size"] and "hidden_states" not in f.ok()["choices"][0]
+
+
+def thinking_budget_probe(f: Front) -> bool:
+    """A prompt that opens a thinking block (`<think>` and a newline: 1 token in the block already) gets its end
+    marker after 2 more tokens (the same 2 as without a budget), for a budget of 3; under a grammar the budget is
+    a 400."""
+    end = httpx.post(f"{f.server.url}/tokenize", json={"prompt": "</think>", "add_special_tokens": False}).json()
+    end = end["tokens"]
+    opened = {"chat_template_kwargs": {"force_thinking": True}} if f.path.endswith("chat/completions") else {
+        "prompt": "<think>\n"}
+
+    def ids(**fields) -> list[int]:
+        answer = f.ok(**opened, max_tokens=12, ignore_eos=True, return_token_ids=True, **fields)
+        return answer["choices"][0]["token_ids"]
+
+    budgeted = ids(thinking_token_budget=3)
+    # Chat's prompt also gets vLLM's hint, as a system message of its own
+    hint = {"messages": [{"role": "system", "content": "Think step by step and use fewer than 3 reasoning tokens "
+                                                       "before the final answer."}, *CHAT]} if "chat" in f.path else {}
+    return budgeted[2:2 + len(end)] == end and budgeted[:2] == ids(**hint)[:2] != end[:2] and f.refused(
+        "thinking_token_budget", thinking_token_budget=3, regex="a+")
 
 
 def tokens_as_ids_probe(f: Front) -> bool:
@@ -232,6 +265,7 @@ CHAT_PROBES = shared_probes() | vllm_output_probes() | {
     "include_reasoning": lambda f: f.ok(**THINKING, include_reasoning=False)["choices"][0]["message"][
         "reasoning_content"] is None and f.ok(**THINKING)["choices"][0]["message"]["reasoning_content"],
     "stream_reasoning": lambda f: reasoning_deltas(f, stream_reasoning=False) == 1 < reasoning_deltas(f),
+    "add_special_tokens": lambda f: f.usage(add_special_tokens=True)[0] == f.usage()[0] + 1,  # a BOS on top
 }
 
 
@@ -241,6 +275,7 @@ COMPLETION_PROBES = shared_probes() | vllm_output_probes() | {
     "logprobs": lambda f: len(f.ok(logprobs=2, ignore_eos=True)["choices"][0]["logprobs"]["token_logprobs"]) == 8
     and f.ok()["choices"][0]["logprobs"] is None,
     "echo": lambda f: f.text(echo=True) == PROMPT + f.text(),
+    "add_special_tokens": lambda f: f.usage(add_special_tokens=False)[0] == f.usage()[0] - 1,  # no BOS
 }
 
 RESPONSES_PROBES = {

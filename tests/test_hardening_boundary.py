@@ -104,6 +104,9 @@ def test_batches_and_stop_strings(codec):
     (COMPLETION | {"min_tokens": 20, "max_tokens": 10}, "min_tokens", None),
     (CHAT | {"min_tokens": 20, "max_completion_tokens": 10}, "min_tokens", None),
     (CHAT | {"top_logprobs": 3}, "top_logprobs", None),
+    (CHAT | {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "less_than_equal"),  # over --max-logprobs
+    (COMPLETION | {"logprobs": 21}, "logprobs", "less_than_equal"),
+    (COMPLETION | {"prompt_logprobs": 21}, "prompt_logprobs", "less_than_equal"),
     (COMPLETION | {"logit_bias": {"512": 1}}, "logit_bias", None),
     ({"model": "m", "prompt": [1] * 64}, "prompt", "context_length_exceeded"),
     ({"model": "m", "prompt": "word " * 100}, "prompt", "context_length_exceeded"),

@@ -145,7 +145,7 @@ def test_lone_surrogates_are_refused_naming_the_field(make, fields, field):
     (chat, {"min_p": 2}, "min_p"),
     (chat, {"n": 0}, "n"),
     (chat, {"n": 17}, "n"),
-    (chat, {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    (chat, {"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
     (chat, {"presence_penalty": 3}, "presence_penalty"),
     (chat, {"frequency_penalty": -3}, "frequency_penalty"),
     (chat, {"repetition_penalty": 0}, "repetition_penalty"),
@@ -159,7 +159,7 @@ def test_lone_surrogates_are_refused_naming_the_field(make, fields, field):
     (chat, {"logit_bias": {"1": 101}}, "logit_bias"),
     (chat, {"logit_bias": {"abc": 1}}, "logit_bias"),
     (chat, {"logit_bias": {"-1": 1}}, "logit_bias"),
-    (completion, {"logprobs": 21}, "logprobs"),
+    (completion, {"logprobs": -1}, "logprobs"),
     (completion, {"max_tokens": 0}, "max_tokens"),
     (completion, {"temperature": -1}, "temperature"),
 ])

@@ -1,14 +1,16 @@
 """Sampler tests on fixed logits: greedy, seeded reproducibility, top-k/top-p/min-p, penalties,
-min_tokens, logprobs and re-admission."""
+min_tokens, logprobs, thinking budgets and re-admission; and thinking budgets through the whole engine."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
+from conftest import hf_greedy, make_llm, random_prompts
 
-from minisgl.core import SamplingParams
+from minisgl.core import SamplingParams, ThinkingBudget, check_request
 from minisgl.engine.sampler import Sampler
 
 V = 32
@@ -250,3 +252,84 @@ def test_logit_bias_is_added_per_row_before_sampling() -> None:
     assert all(sampler.sample(logits[:2], rows[:2]).token_ids[1] == forced for _ in range(5))
     sampler.prepare_row(0, SamplingParams(temperature=0), 0, [], [], [])  # its bias must not linger
     assert sampler.sample(logits[:2], rows[:2]).token_ids[0] == best[0]  # beside row 1, still biased
+
+
+def test_thinking_budget_forces_the_end_marker_after_n_thinking_tokens() -> None:
+    """vLLM's thinking_token_budget: with markers start (3, 4) and end (5, 6, 7) and a budget of 3, a block
+    holding 3 tokens gets the end marker next, whether the prompt or the output opened it; a block the model
+    closes itself, and a row without a budget, take what they draw; an end marker begun when the budget runs
+    out is forced whole (the block holds exactly the budget, as vLLM counts it). A row prepared again from its
+    tokens (re-admission) goes on where it was."""
+    think = ThinkingBudget(3, (3, 4), (5, 6, 7))
+    wants = {  # row: (prompt, params, the token the logits pick at each step, the tokens expected)
+        "prompt opens": ([1, 3, 4], think, [9] * 9, [9, 9, 9, 5, 6, 7, 9, 9, 9]),
+        "no budget": ([1, 3, 4], None, [9] * 9, [9] * 9),
+        "output opens": ([1, 2], think, [3, 4] + [9] * 7, [3, 4, 9, 9, 9, 5, 6, 7, 9]),
+        "closes itself": ([3, 4], think, [5, 6, 7] + [9] * 6, [5, 6, 7, 9, 9, 9, 9, 9, 9]),
+        "end begun at the budget": ([3, 4], think, [9, 5, 6] + [9] * 6, [9, 5, 6, 5, 6, 7, 9, 9, 9]),
+        "closed by the prompt": ([3, 4, 8, 5, 6, 7], think, [9] * 9, [9] * 9),
+        "end begun, then not": ([3, 4], think, [5, 6, 9] + [9] * 6, [5, 6, 9, 5, 6, 7, 9, 9, 9]),
+    }
+    sampler = Sampler(len(wants), V, "cpu")
+    for row, (prompt, budget, _, _) in enumerate(wants.values()):
+        sampler.prepare_row(row, SamplingParams(temperature=0, thinking_budget=budget), 0, prompt, [], [])
+    rows = torch.arange(len(wants))
+    picks = torch.tensor([picked for _, _, picked, _ in wants.values()])  # [rows, steps]
+    taken = []
+    for step in range(picks.shape[1]):
+        if step == 5:  # re-admit every row from what it has so far, into a fresh sampler
+            sampler = Sampler(len(wants), V, "cpu")
+            for row, (prompt, budget, _, _) in enumerate(wants.values()):
+                sampler.prepare_row(row, SamplingParams(temperature=0, thinking_budget=budget), 0, prompt,
+                                    [t[row] for t in taken], [])
+        logits = torch.nn.functional.one_hot(picks[:, step], V).float() * 10
+        taken.append(sampler.sample(logits, rows, top_n=1).token_ids.tolist())
+    for row, (name, (_, _, _, expected)) in enumerate(wants.items()):
+        assert [t[row] for t in taken] == expected, name
+
+
+def test_thinking_budget_zero_and_a_prompt_over_budget_close_at_once() -> None:
+    """A budget of 0 ends a block the prompt opened with the end marker first; so does a prompt whose open block
+    already holds more tokens than the budget."""
+    for budget, prompt in ((0, [3, 4]), (2, [3, 4, 8, 8, 8, 8])):
+        sampler, rows = make([SamplingParams(temperature=0, thinking_budget=ThinkingBudget(budget, (3, 4), (5, 6)))],
+                             prompt=prompt)
+        logits = torch.nn.functional.one_hot(torch.tensor([9]), V).float()
+        assert [sampler.sample(logits, rows).token_ids[0].item() for _ in range(4)] == [5, 6, 9, 9]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_thinking_budget_through_the_engine(tiny_models, overlap):
+    """The engine (overlap scheduling or not, decode graphs on a GPU) forces the end marker right after the
+    budget's tokens, whether the prompt opened the block or the output did (its first two greedy tokens taken
+    as the start marker), and then goes on as transformers does from that context; requests in the same batch
+    without a budget are what they are alone."""
+    path = tiny_models["qwen3"]
+    llm = make_llm(path, overlap_schedule=overlap)
+    try:
+        greedy = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
+        prompts = random_prompts([9, 30, 17], 400, seed=21)
+        alone = [out.token_ids for out in llm.generate(prompts, greedy)]
+        end = (5, 6, 7)
+        opened_by_prompt = ThinkingBudget(4, (11, 12), end)
+        opened_by_output = ThinkingBudget(3, tuple(alone[1][:2]), end)
+        outs = [o.token_ids for o in llm.generate(
+            [prompts[0] + [11, 12], prompts[1], prompts[2]],
+            [dataclasses.replace(greedy, thinking_budget=opened_by_prompt),
+             dataclasses.replace(greedy, thinking_budget=opened_by_output), greedy])]
+        thought = hf_greedy(path, [prompts[0] + [11, 12]], 4)[0]
+        assert outs[0][:4] == thought and tuple(outs[0][4:7]) == end
+        assert outs[0][7:] == hf_greedy(path, [prompts[0] + [11, 12] + outs[0][:7]], 7)[0]
+        assert outs[1][:5] == alone[1][:5] and tuple(outs[1][5:8]) == end
+        assert outs[2] == alone[2]
+    finally:
+        llm.shutdown()
+
+
+def test_logprobs_are_capped_by_the_vocabulary_not_by_openais_20() -> None:
+    """Any count of alternatives up to the vocabulary is a valid request (a server caps it with --max-logprobs);
+    more would ask topk for more tokens than there are."""
+    check_request([1, 2], SamplingParams(logprobs=V, prompt_logprobs=V), V, 64, 64)
+    for field in ("logprobs", "prompt_logprobs"):
+        with pytest.raises(ValueError, match=f"{field} must be at most the vocabulary size {V}"):
+            check_request([1, 2], SamplingParams(**{field: V + 1}), V, 64, 64)

@@ -133,7 +133,7 @@ def test_bad_prompts_raise(llm, prompt, message):
     ("temperature", -0.1), ("temperature", float("nan")), ("top_p", 0.0), ("top_p", 1.5), ("top_k", 0),
     ("top_k", -2), ("min_p", 1.5), ("max_tokens", 0), ("min_tokens", -1), ("min_tokens", 100),
     ("stop_token_ids", [-1]), ("seed", 1.5), ("presence_penalty", 3.0), ("frequency_penalty", -2.5),
-    ("repetition_penalty", 0.0), ("logprobs", 21), ("ignore_eos", "yes"),
+    ("repetition_penalty", 0.0), ("logprobs", -1), ("ignore_eos", "yes"),
 ])
 def test_invalid_sampling_params_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):

@@ -72,6 +72,7 @@ class StepResult:
     logprobs: list[float] | None
     top_ids: list[list[int]] | None
     top_logprobs: list[list[float]] | None
+    hidden: list[list[float]] | None  # the final hidden state each token was sampled from (some request asked)
     prompt: list[PromptScores]
 
 
@@ -125,6 +126,9 @@ class Engine:
         self.page_table = torch.zeros(rows, pages_per_seq, dtype=torch.int32, device=device)
         self.page_table[self.pad_row] = self.pool.scratch_page
         self.token_table = torch.zeros(rows, self.max_seq_len + 1, dtype=torch.int32, device=device)
+        # Each row's final hidden state at its last position of the last step (decode graphs write it too), copied
+        # out by `sample` only for batches with a request that returns its hidden states.
+        self.last_hidden = torch.zeros(rows, config.hidden_size, dtype=config.dtype, device=device)
         self.prefill_backend = make_backend(prefill_name, self.pool, self.page_table)
         self.decode_backend = (self.prefill_backend if decode_name == prefill_name
                                else make_backend(decode_name, self.pool, self.page_table))
@@ -215,7 +219,13 @@ class Engine:
                           lambda layer, q, k, v: backend.forward(layer, q, k, v, meta))
 
     def _logits(self, inputs: ForwardInput, backend) -> torch.Tensor:
-        return self.model.compute_logits(self._hidden(inputs, backend)[inputs.last_index])
+        return self._last_logits(inputs, self._hidden(inputs, backend))
+
+    def _last_logits(self, inputs: ForwardInput, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits at each request's last position; its hidden state there is kept in `last_hidden`."""
+        last = hidden[inputs.last_index]
+        self.last_hidden[inputs.rows] = last
+        return self.model.compute_logits(last)
 
     def _decode_logits(self, rows: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor:
         """What a decode graph captures: inputs from the tables, the model, the logits."""
@@ -234,8 +244,7 @@ class Engine:
             return ForwardedStep(batch, logits, [])
         inputs = self.extend_input(batch)
         hidden = self._hidden(inputs, self.prefill_backend)
-        return ForwardedStep(batch, self.model.compute_logits(hidden[inputs.last_index]),
-                             self._score_prompts(batch, hidden))
+        return ForwardedStep(batch, self._last_logits(inputs, hidden), self._score_prompts(batch, hidden))
 
     def _score_prompts(self, batch: Batch, hidden: torch.Tensor) -> list[tuple[int, int, list[torch.Tensor]]]:
         """For each (request, first, count) of batch.scored: the log-probability of prompt tokens first+1 ..
@@ -266,7 +275,8 @@ class Engine:
         sampled request) holds the tokens their grammars allow."""
         batch, logits, picked = step.batch, step.logits, step.batch.sampled
         if not picked:
-            return LaunchedStep(batch, [torch.zeros(0, dtype=torch.int64), None, None, None], self._done(), step.prompt)
+            return LaunchedStep(batch, [torch.zeros(0, dtype=torch.int64), None, None, None, None], self._done(),
+                                step.prompt)
         reqs = [batch.reqs[i] for i in picked]
         if len(picked) < len(batch.reqs):
             logits = logits[torch.tensor(picked, dtype=torch.int64).to(self.device, non_blocking=True)]
@@ -276,8 +286,9 @@ class Engine:
         rows, next_pos = where.to(self.device, non_blocking=True)
         out = self.sampler.sample(logits, rows, top_n, bitmask)
         self.token_table[rows, next_pos] = out.token_ids.int()
+        hidden = self.last_hidden[rows] if any(r.params.return_hidden_states for r in reqs) else None
         host = [t.to("cpu", non_blocking=True) if t is not None else None
-                for t in (out.token_ids, out.logprobs, out.top_ids, out.top_logprobs)]
+                for t in (out.token_ids, out.logprobs, out.top_ids, out.top_logprobs, hidden)]
         return LaunchedStep(batch, host, self._done(), step.prompt)
 
     def _done(self) -> torch.cuda.Event | None:

@@ -382,6 +382,8 @@ class Scheduler:
             n = req.params.logprobs
             req.output_logprobs.append(TokenLogprob(token, result.logprobs[j],
                                                     list(zip(result.top_ids[j][:n], result.top_logprobs[j][:n]))))
+        if req.params.return_hidden_states:
+            req.hidden_state = result.hidden[j]
         if req.params.constraint is not None and self.grammars.accept(req.rid, token):
             return "stop"  # the grammar is complete and took its end token
         return self._stop_reason(req, token)

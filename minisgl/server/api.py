@@ -23,8 +23,14 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from minisgl.server.errors import install_error_handlers
-from minisgl.server.middleware import OPEN_PATHS, ApiKeyCheck, BodySizeLimit
-from minisgl.server.protocol import SERVED_MODEL_MARK, TOKEN_ID_MARK
+from minisgl.server.middleware import OPEN_PATHS, ApiKeyCheck, BodySizeLimit, RequestIdHeader
+from minisgl.server.protocol import (
+    HIDDEN_STATES_MARK,
+    LOGPROBS_MARK,
+    SERVED_MODEL_MARK,
+    THINKING_MARK,
+    TOKEN_ID_MARK,
+)
 from minisgl.server.responses_store import ResponseStore
 from minisgl.server.routes import (
     chat,
@@ -63,7 +69,9 @@ def build_app(state: ServerState) -> FastAPI:
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, limit=state.args.max_request_bytes)
     if state.args.api_key:
-        app.add_middleware(ApiKeyCheck, key=state.args.api_key)  # added last: runs first
+        app.add_middleware(ApiKeyCheck, key=state.args.api_key)
+    if state.args.request_id_headers:
+        app.add_middleware(RequestIdHeader)  # added last: runs first (a 401 or a 413 carries the id too)
 
     def openapi() -> dict:
         if app.openapi_schema is None:
@@ -80,8 +88,9 @@ def build_app(state: ServerState) -> FastAPI:
 
 def describe_this_server(schema: dict, state: ServerState, event_models: list[type[BaseModel]]) -> dict:
     """Fit FastAPI's generated schema to what this server answers: errors are 400 (never FastAPI's 422),
-    `model` is the served model, token ids are bounded by its vocabulary, streamed chunks are described,
-    and with --api-key every route but the probes' declares the bearer key."""
+    `model` is the served model, token ids are bounded by its vocabulary, logprob counts by --max-logprobs, the
+    options this server was not started for (a thinking budget, hidden states) are held to their off values,
+    streamed chunks are described, and with --api-key every route but the probes' declares the bearer key."""
     for path, operations in schema["paths"].items():
         for operation in operations.values():
             operation["responses"].pop("422", None)
@@ -97,7 +106,10 @@ def describe_this_server(schema: dict, state: ServerState, event_models: list[ty
         components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
 
     fill_in = {TOKEN_ID_MARK: {"maximum": state.vocab_size - 1},
-               SERVED_MODEL_MARK: {"enum": [state.args.served_model_name]}}
+               SERVED_MODEL_MARK: {"enum": [state.args.served_model_name]},
+               LOGPROBS_MARK: {"maximum": state.args.logprobs_cap(state.vocab_size)},
+               THINKING_MARK: {} if state.thinking_markers else {"maximum": -1},  # budgets need the parser's markers
+               HIDDEN_STATES_MARK: {} if state.args.return_hidden_states else {"enum": [False]}}
 
     def fill(node: Any) -> None:
         if isinstance(node, dict):
@@ -128,6 +140,7 @@ def seconds_since_start() -> float:
 async def announce_ready(state: ServerState) -> None:
     await state.client.ready.wait()
     info = state.client.info
-    logger.info("ready in %.1f s: model=%s dtype=%s device=%s tp=%d kv_capacity=%d tokens max_seq_len=%d on %s:%d",
+    where = state.args.uds or f"{state.args.host}:{state.args.port}"
+    logger.info("ready in %.1f s: model=%s dtype=%s device=%s tp=%d kv_capacity=%d tokens max_seq_len=%d on %s",
                 seconds_since_start(), state.args.served_model_name, info["dtype"], info["device"],
-                info["tp_size"], info["kv_capacity_tokens"], info["max_seq_len"], state.args.host, state.args.port)
+                info["tp_size"], info["kv_capacity_tokens"], info["max_seq_len"], where)

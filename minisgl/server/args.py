@@ -35,10 +35,20 @@ class ServerArgs:
     root_path: str = ""
     force_include_usage: bool = False  # every streamed chunk carries the usage so far, as vLLM's flag has it
     max_stored_responses: int = 1024  # the Responses API's store: past this, the least recently used are dropped
+    max_logprobs: int = 20  # the most alternatives a request may ask for per token; -1: the whole vocabulary
+    uds: str | None = None  # serve on this Unix domain socket instead of host:port (vLLM's --uds)
+    request_id_headers: bool = False  # every response carries X-Request-Id (vLLM's --enable-request-id-headers)
+    tokens_as_token_ids: bool = False  # every request's logprobs spell tokens `token_id:N` (vLLM's flag)
+    return_hidden_states: bool = False  # requests may ask for their final hidden states (SGLang's flag)
+
+    def logprobs_cap(self, vocab_size: int) -> int:
+        """--max-logprobs as a number: -1 (no cap) and a cap beyond the vocabulary are the vocabulary's size."""
+        return vocab_size if self.max_logprobs == -1 else min(self.max_logprobs, vocab_size)
 
 
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's (and torch's) other names
 API_KEY_ENV = "VLLM_API_KEY"  # vLLM's: read when --api-key is not given, so manifests keep the key off the command line
+DEFAULT_MAX_LOGPROBS = 20  # OpenAI's cap on top_logprobs, and vLLM's default --max-logprobs
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024  # a 128k-token prompt as text is ~0.5 MB, as token ids ~1 MB
 
 
@@ -46,6 +56,13 @@ def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def max_logprobs_flag(text: str) -> int:
+    value = int(text)
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"must be -1 (no cap) or >= 0, got {value}")
     return value
 
 
@@ -106,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "PREFILL,DECODE to mix them (default: auto)")
     engine.add_argument("--cuda-graph-max-bs", type=int, default=256,
                         help="largest decode batch replayed from a CUDA graph; 0 turns graphs off (default: 256)")
-    engine.add_argument("--enforce-eager", action="store_true", help="vLLM spelling of --cuda-graph-max-bs 0")
+    engine.add_argument("--enforce-eager", "--disable-cuda-graph", dest="enforce_eager", action="store_true",
+                        help="vLLM's and SGLang's spellings of --cuda-graph-max-bs 0")
     engine.add_argument("--disable-overlap-schedule", "--no-async-scheduling", action="store_true",
                         help="run each step to completion before scheduling the next (overlap is on by default; "
                              "vLLM calls it async scheduling)")
@@ -122,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     outputs.add_argument("--grammar-backend", "--structured-outputs-config.backend", choices=["xgrammar"],
                          default="xgrammar", help="SGLang's and vLLM's spellings: structured outputs always use "
                                                   "xgrammar (another backend is refused)")
+    outputs.add_argument("--max-logprobs", type=max_logprobs_flag, default=DEFAULT_MAX_LOGPROBS,
+                         help="vLLM's: the most alternatives a request may ask for per token (logprobs, "
+                              f"top_logprobs, prompt_logprobs); -1: up to the vocabulary (default: "
+                              f"{DEFAULT_MAX_LOGPROBS}, OpenAI's cap)")
     outputs.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS),
                          type=lambda name: name.replace("_", "-"),
                          help="move the model's <think>...</think> into reasoning_content (qwen3, deepseek-r1; "
@@ -133,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     server = p.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 in containers)")
     server.add_argument("--port", type=int, default=1919)
+    server.add_argument("--uds", help="vLLM's: serve on this Unix domain socket path instead of --host/--port (a "
+                                      "sidecar proxy in the same pod reaches it without a TCP port)")
     server.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
                         help="require 'Authorization: Bearer KEY' on every route but /health and /metrics "
                              f"(default: ${API_KEY_ENV}, as vLLM reads it)")
@@ -157,6 +181,14 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--enable-force-include-usage", action="store_true",
                         help="vLLM's: every streamed chat or text completion carries usage, on each chunk (its "
                              "choice's so far) and in a last chunk, whatever stream_options says")
+    server.add_argument("--return-tokens-as-token-ids", action="store_true",
+                        help="vLLM's: logprobs spell every token `token_id:N`, as if each request asked with "
+                             "return_tokens_as_token_ids")
+    server.add_argument("--enable-return-hidden-states", action="store_true",
+                        help="SGLang's: chat and text completions may ask for return_hidden_states (each choice's "
+                             "final hidden state; a device-to-host copy per step for the batches that hold one)")
+    server.add_argument("--enable-request-id-headers", action="store_true",
+                        help="vLLM's: every response carries X-Request-Id, the request's own or a new one")
     server.add_argument("--metrics-naming", choices=NAMINGS, default="sglang",
                         help="name /metrics series as SGLang (sglang:*) or vLLM (vllm:*) does, for their "
                              "dashboards and routers (default: sglang)")
@@ -213,4 +245,5 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     return ServerArgs(engine, a.host, a.port, a.served_model_name or a.model, a.api_key, a.max_queued_requests,
                       a.max_request_bytes, a.shutdown_timeout, a.shell, a.demo, a.log_level, a.skip_tokenizer_init,
                       a.metrics_naming, a.tool_call_parser, a.reasoning_parser, a.root_path,
-                      a.enable_force_include_usage, a.max_stored_responses)
+                      a.enable_force_include_usage, a.max_stored_responses, a.max_logprobs, a.uds,
+                      a.enable_request_id_headers, a.return_tokens_as_token_ids, a.enable_return_hidden_states)

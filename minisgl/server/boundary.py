@@ -36,6 +36,8 @@ class ModelLimits:
     vocab_size: int
     max_seq_len: int
     kv_capacity: int
+    max_logprobs: int = 20  # alternatives per token a request may ask for: --max-logprobs, at most the vocabulary
+    thinking_markers: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # the reasoning parser's, as token ids
 
 
 PromptInput = Conversation | list[Conversation] | list[str] | list[list[int]]
@@ -57,9 +59,16 @@ class GenerateRequest:
 
 async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, prompt: PromptInput) -> GenerateRequest:
     prompt_param = "messages" if is_chat(prompt) else "prompt"
+    check_logprobs(body, limits.max_logprobs)
     values, renamed = body.sampling()
-    truncation = body.prompt_truncation(limits.max_seq_len) if isinstance(body, VllmExtras) else None
-    encoded = await encode(codec, limits, prompt, whole=truncation is not None)
+    truncation = None
+    if isinstance(body, VllmExtras):
+        truncation = body.prompt_truncation(limits.max_seq_len)
+        values["thinking_budget"] = body.thinking_budget(limits.thinking_markers, bool(body.constraints()))
+    # vLLM's add_special_tokens where the route has it; elsewhere a text prompt gets the tokenizer's special tokens
+    # (a BOS), as SGLang's /generate encodes it, and a chat template writes its own.
+    special = getattr(body, "add_special_tokens", not is_chat(prompt))
+    encoded = await encode(codec, limits, prompt, whole=truncation is not None, special=special)
     if truncation is not None:
         encoded = [await truncated(codec, ids, text, *truncation) for _, ids, text in encoded]
     with refusals_named(prompt_param, renamed):
@@ -88,6 +97,19 @@ async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, p
         texts = [text if text is not None else await codec.decode(ids) for text, ids in zip(texts, prompts)]
     salt = getattr(body, "cache_salt", None)  # vLLM's fronts (chat, completions) have one
     return GenerateRequest(prompts, texts, params, stop, body.n, body.seed, salt)
+
+
+LOGPROB_FIELDS = ("logprobs", "top_logprobs", "prompt_logprobs")  # each a count of alternatives per token
+
+
+def check_logprobs(body: SamplingFields, cap: int) -> None:
+    """A count of alternatives over the server's cap is refused as the schema refuses a number over its bound
+    (pydantic's words and code, which vLLM's messages carry), naming the cap."""
+    for name in LOGPROB_FIELDS:
+        value = getattr(body, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > cap:
+            raise ApiError(400, f"{name}: Input should be less than or equal to {cap}, this server's --max-logprobs "
+                                f"(less_than_equal)", param=name, code="less_than_equal")
 
 
 def fitted_max_tokens(requested: int | None, default: int | None, room: int, prompt_tokens: int, context: int,
@@ -124,17 +146,19 @@ def is_chat(prompt: PromptInput) -> bool:
     return isinstance(prompt, Conversation) or bool(prompt) and isinstance(prompt[0], Conversation)
 
 
-async def encode(codec: TextCodec, limits: ModelLimits, prompt: PromptInput, whole: bool = False
-                 ) -> list[tuple[int, list[int], str | None]]:
-    """(token count, ids, text) of every prompt; text is tokenized off the loop, and the ids of a text too
-    long for the context are never built (left empty) unless `whole` (it is to be truncated)."""
+async def encode(codec: TextCodec, limits: ModelLimits, prompt: PromptInput, whole: bool = False,
+                 special: bool = False) -> list[tuple[int, list[int], str | None]]:
+    """(token count, ids, text) of every prompt; text is tokenized off the loop (with the tokenizer's special
+    tokens when `special`; token ids are taken as they are), and the ids of a text too long for the context are
+    never built (left empty) unless `whole` (it is to be truncated)."""
     limit = math.inf if whole else limits.max_seq_len
     if is_chat(prompt):
         codec.require("messages", "chat needs a tokenizer and a chat template; send token ids to /v1/completions")
-        return [await codec.encode_chat(c, limit) for c in ([prompt] if isinstance(prompt, Conversation) else prompt)]
+        return [await codec.encode_chat(c, limit, special)
+                for c in ([prompt] if isinstance(prompt, Conversation) else prompt)]
     if prompt and isinstance(prompt[0], str):
         codec.require("prompt", "send the prompt as token ids")
-        return [(*await codec.encode(text, limit), text) for text in prompt]
+        return [(*await codec.encode(text, limit, special), text) for text in prompt]
     return [(len(ids), ids, None) for ids in prompt]
 
 

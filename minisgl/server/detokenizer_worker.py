@@ -108,7 +108,7 @@ class Detokenizer:
         return TextOutput(out.rid, text, out.new_ids, self.entries(out.logprobs), finish, out.prompt_tokens,
                           out.cached_tokens, out.error,
                           matched, self.entries(out.prompt_logprobs) if out.prompt_logprobs is not None else None,
-                          out.scheduled_at)
+                          out.scheduled_at, out.hidden_state)
 
     def entries(self, logprobs: list[TokenLogprob]) -> list[LogprobEntry]:
         return [LogprobEntry(self.token_text(lp.token_id), lp.token_id, lp.logprob,

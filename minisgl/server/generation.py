@@ -20,10 +20,18 @@ from minisgl.server.boundary import GenerateRequest, PromptInput, prepare
 from minisgl.server.engine_client import RequestFailed, Sequence
 from minisgl.server.errors import ApiError, error_responses
 from minisgl.server.ipc import TextOutput
-from minisgl.server.protocol import LogprobEntry, PromptTokensDetails, SamplingFields, StreamOptions, Usage
+from minisgl.server.protocol import (
+    LogprobEntry,
+    PromptTokensDetails,
+    SamplingFields,
+    StreamOptions,
+    Usage,
+    VllmExtras,
+)
 from minisgl.server.state import ServerState
 
 logger = logging.getLogger("minisgl.api")
+LOAD_REPORT_FORMAT = "endpoint-load-metrics-format"  # the request header asking for an ORCA load report
 
 
 class Choice:
@@ -36,6 +44,7 @@ class Choice:
         self.text, self.logprobs, self.token_ids, self.finish = "", [], [], None
         self.matched_stop: str | int | None = None
         self.prompt_logprobs: list[LogprobEntry] | None = None  # prompt tokens 1.., when asked for
+        self.hidden_state: list[float] | None = None  # the latest token's, when asked for (return_hidden_states)
 
     def add(self, out: TextOutput) -> None:
         self.text += out.text
@@ -45,6 +54,14 @@ class Choice:
         self.matched_stop = out.matched_stop if out.matched_stop is not None else self.matched_stop
         if out.prompt_logprobs is not None:
             self.prompt_logprobs = out.prompt_logprobs
+        if out.hidden_state is not None:
+            self.hidden_state = out.hidden_state
+
+    @property
+    def hidden_states(self) -> list[float]:
+        """SGLang's `hidden_states` of a choice: the final hidden state its last token was sampled from, or
+        nothing ([]) when its only token came from the prompt's prefill (SGLang keeps that one apart)."""
+        return self.hidden_state if len(self.token_ids) > 1 and self.hidden_state is not None else []
 
 
 async def respond(request: Request, state: ServerState, body: SamplingFields, prompt: PromptInput, prompts: int,
@@ -52,14 +69,20 @@ async def respond(request: Request, state: ServerState, body: SamplingFields, pr
                   stream: Callable[[GenerateRequest, list[Choice]], AsyncIterator[BaseModel]] | None) -> Response:
     """Run a generation request and answer it: whole (`whole` builds the response object) or, with
     `stream: true`, as server-sent events of the chunks `stream` yields (None: a route that never streams)."""
+    if state.args.tokens_as_token_ids and isinstance(body, VllmExtras):  # vLLM's server-wide default
+        body.return_tokens_as_token_ids = True
+    if getattr(body, "return_hidden_states", False) and not state.args.return_hidden_states:
+        raise ApiError(400, "return_hidden_states needs a server started with --enable-return-hidden-states (as "
+                            "SGLang's)", param="return_hidden_states")
     gen, choices = await start(state, body, prompt, prompts)
+    load = state.metrics.load_report(request.headers.get(LOAD_REPORT_FORMAT))  # vLLM's ORCA load report
     if body.stream:
         if state.args.force_include_usage:
             body.stream_options = StreamOptions(include_usage=True, continuous_usage_stats=True)
-        return event_stream(stream(gen, choices))
+        return event_stream(stream(gen, choices), load)
     if not await collect(request, state, choices):
         return Response(status_code=499)  # the client hung up; nobody reads this
-    return JSONResponse(whole(choices, usage(choices, gen.prompts)).model_dump(mode="json"))
+    return JSONResponse(whole(choices, usage(choices, gen.prompts)).model_dump(mode="json"), headers=load)
 
 
 async def start(state: ServerState, body: SamplingFields, prompt: PromptInput, prompts: int
@@ -165,7 +188,7 @@ def generation_responses(whole: type[BaseModel], chunk: type[BaseModel]) -> dict
             **error_responses(400, 401, 404, 413, 500, 503)}
 
 
-def event_stream(chunks: AsyncIterator[BaseModel]) -> StreamingResponse:
+def event_stream(chunks: AsyncIterator[BaseModel], headers: dict[str, str] | None = None) -> StreamingResponse:
     """Server-sent events: one `data:` line per chunk, an error event if the generation fails, then `[DONE]`."""
     async def frames() -> AsyncIterator[str]:
         try:
@@ -178,4 +201,4 @@ def event_stream(chunks: AsyncIterator[BaseModel]) -> StreamingResponse:
             yield f"data: {ApiError(500, f'internal error: {type(exc).__name__}').body_json()}\n\n"
         yield "data: [DONE]\n\n"
 
-    return StreamingResponse(frames(), media_type="text/event-stream")
+    return StreamingResponse(frames(), media_type="text/event-stream", headers=headers)

@@ -71,6 +71,7 @@ class ReqOutput:
     error: str | None = None  # the scheduler failed this request alone (finish_reason "abort")
     prompt_logprobs: list[TokenLogprob] | None = None  # with its first output, when asked for
     scheduled_at: float | None = None  # with its first output: when it was first scheduled (time.monotonic)
+    hidden_state: list[float] | None = None  # the latest token's final hidden state (return_hidden_states)
 
 
 @dataclass
@@ -113,6 +114,7 @@ class TextOutput:
     matched_stop: str | int | None = None  # with finish_reason "stop": the stop string, or the stop/EOS token id
     prompt_logprobs: list[LogprobEntry] | None = None  # prompt tokens 1..
     scheduled_at: float | None = None  # as in ReqOutput
+    hidden_state: list[float] | None = None  # as in ReqOutput
 
 
 @dataclass

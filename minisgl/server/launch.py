@@ -131,7 +131,7 @@ def serve(args: ServerArgs) -> int:
     threading.Thread(target=watch_children, args=(children, stopping), daemon=True).start()
     state = ServerState(args, ipc, tokenizer)
     state.children = {child.name: child.pid for child in children}
-    config = uvicorn.Config(build_app(state), host=args.host, port=args.port, log_level="warning",
+    config = uvicorn.Config(build_app(state), host=args.host, port=args.port, uds=args.uds, log_level="warning",
                             timeout_graceful_shutdown=5)
     DrainingServer(config, state, args.shutdown_timeout).run()
     stopping.set()

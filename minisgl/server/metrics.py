@@ -7,10 +7,15 @@ timings are observed here when a request finishes, so no multiprocess aggregatio
 
 Each series is one line of `SERIES`: its name in each scheme, or None where that engine has no such
 series (a series a scheme lacks is a no-op here, so the update code is the same for both).
+
+The same load figures also go out per response, as vLLM's ORCA load report: a request with the header
+`endpoint-load-metrics-format: TEXT|JSON` is answered with `endpoint-load-metrics` (Envoy and gateways route on
+it without scraping).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import prometheus_client as prom
@@ -107,6 +112,7 @@ class Metrics:
             registry=self.registry)
         self.labels = labels
         self.retracted_seen = 0  # the scheduler reports a running total; vLLM's counter takes increments
+        self.load = {"kv_cache_usage_perc": 0.0, "num_requests_waiting": 0.0}  # the ORCA report's, under vLLM's names
 
     def update_scheduler(self, stats: dict) -> None:
         """Set the gauges from the scheduler's latest stats message."""
@@ -114,7 +120,9 @@ class Metrics:
         self.num_running.set(stats["num_running"])
         self.num_queue.set(stats["num_waiting"])
         self.num_used_tokens.set(used_pages * stats["page_size"])
-        self.token_usage.set(used_pages / stats["total_pages"] if stats["total_pages"] else 0.0)
+        usage = used_pages / stats["total_pages"] if stats["total_pages"] else 0.0
+        self.token_usage.set(usage)
+        self.load = {"kv_cache_usage_perc": usage, "num_requests_waiting": float(stats["num_waiting"])}
         admitted = stats["prompt_tokens_admitted"]
         self.cache_hit_rate.set(stats["cache_hit_tokens"] / admitted if admitted else 0.0)
         self.gen_throughput.set(stats["gen_throughput"])
@@ -124,6 +132,17 @@ class Metrics:
         if self.cache_config is not None:
             self.cache_config.labels(**self.labels, block_size=str(stats["page_size"]),
                                      num_gpu_blocks=str(stats["total_pages"])).set(1)
+
+    def load_report(self, fmt: str | None) -> dict[str, str]:
+        """vLLM's ORCA header for a request that asked for one in format `fmt` (TEXT or JSON, any case); none for
+        another format, as vLLM answers."""
+        fmt = (fmt or "").lower()
+        if fmt == "text":
+            return {"endpoint-load-metrics": "TEXT " + ", ".join(f"named_metrics.{name}={value}"
+                                                                 for name, value in self.load.items())}
+        if fmt == "json":
+            return {"endpoint-load-metrics": "JSON " + json.dumps({"named_metrics": self.load})}
+        return {}
 
     def observe_steps(self, step_tokens: dict[int, int]) -> None:
         """The engine steps since the scheduler's last stats: {tokens in a step: how many steps had that}."""

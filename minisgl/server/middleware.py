@@ -1,4 +1,5 @@
-"""The checks every request passes before any route sees it: the API key and the body size limit.
+"""The checks every request passes before any route sees it: the API key and the body size limit; and, with
+--enable-request-id-headers, the request id every response carries.
 
 Plain ASGI on purpose: Starlette's BaseHTTPMiddleware wraps `receive` and hides client disconnects
 from the endpoints, and it reads bodies in full before anyone could refuse them.
@@ -7,6 +8,7 @@ from the endpoints, and it reads bodies in full before anyone could refuse them.
 from __future__ import annotations
 
 import hmac
+import uuid
 
 from starlette.routing import get_route_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -64,3 +66,23 @@ class BodySizeLimit:
         # Starts with the status's reason phrase, which SGLang's clients look for.
         return ApiError(413, f"Payload Too Large: the request body is larger than {self.limit} bytes "
                              f"(--max-request-bytes)", code="request_too_large")
+
+
+class RequestIdHeader:
+    """vLLM's --enable-request-id-headers: every response carries `X-Request-Id`, the request's own (a client or
+    a proxy sent it) or a new one (32 hex digits), so that logs on both sides can be matched."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        request_id = dict(scope["headers"]).get(b"x-request-id") or uuid.uuid4().hex.encode()
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", request_id)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)

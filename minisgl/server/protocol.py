@@ -29,16 +29,17 @@ from pydantic import (
     field_validator,
 )
 
-from minisgl.core import MAX_LOGIT_BIAS, Constraint
+from minisgl.core import MAX_LOGIT_BIAS, Constraint, ThinkingBudget
 from minisgl.server.errors import ApiError
 from minisgl.server.ipc import Alternative, LogprobEntry
 
 MAX_N = 16
 MAX_STOP_STRINGS = 16
-MAX_LOGPROBS = 20
 # Marks on schema nodes that api.py fills in for this server: `maximum: vocab_size - 1` on a token id,
-# `enum: [served model name]` on `model`.
-TOKEN_ID_MARK, SERVED_MODEL_MARK = "x-token-id", "x-served-model"
+# `enum: [served model name]` on `model`, `maximum: the cap` on a count of logprob alternatives (--max-logprobs);
+# a thinking budget only -1 without --reasoning-parser, return_hidden_states only false without its flag.
+TOKEN_ID_MARK, SERVED_MODEL_MARK, LOGPROBS_MARK = "x-token-id", "x-served-model", "x-max-logprobs"
+THINKING_MARK, HIDDEN_STATES_MARK = "x-thinking-budget", "x-hidden-states"
 
 
 def _valid_unicode(text: str) -> str:
@@ -66,6 +67,7 @@ def integer(ge: int | None = None, le: int | None = None, **schema_extra: Any) -
 
 
 TokenId = integer(ge=0, **{TOKEN_ID_MARK: True})
+LogprobCount = integer(ge=0, **{LOGPROBS_MARK: True})  # at most the server's --max-logprobs (boundary checks it)
 
 
 DIGITS = r"^[0-9]+$"
@@ -246,7 +248,7 @@ class VllmExtras(StrictRequest):
     guided_grammar: Text | None = Field(None, description="vLLM's older spelling of structured_outputs.grammar "
                                                           "(EBNF in xgrammar's dialect)")
 
-    prompt_logprobs: integer(ge=0, le=MAX_LOGPROBS) | None = Field(
+    prompt_logprobs: LogprobCount | None = Field(
         None, description="vLLM's: every prompt token's logprob and the N best (the first token: null), keyed by "
                           "token id")
     prompt_logprobs_temperature: float | None = Field(
@@ -261,6 +263,23 @@ class VllmExtras(StrictRequest):
                           "truncation_side")
     truncation_side: Literal["left", "right"] | None = Field(
         None, description="vLLM's: left (the default) drops a long prompt's beginning, right its end")
+    thinking_token_budget: integer(ge=-1, **{THINKING_MARK: True}) | None = Field(
+        None, description="vLLM's: once a thinking block (the --reasoning-parser's markers) holds this many tokens, "
+                          "its end marker is forced; -1: no budget")
+
+    def thinking_budget(self, markers: tuple[tuple[int, ...], tuple[int, ...]] | None,
+                        constrained: bool) -> ThinkingBudget | None:
+        """The engine's ThinkingBudget for thinking_token_budget: it needs the reasoning parser's markers, and
+        under a grammar (which decides every token) it could not be kept."""
+        if self.thinking_token_budget in (None, -1):
+            return None
+        if markers is None:
+            raise ApiError(400, "thinking_token_budget needs a server started with --reasoning-parser (its markers "
+                                "delimit the thinking)", param="thinking_token_budget")
+        if constrained:
+            raise ApiError(400, "thinking_token_budget cannot be combined with structured outputs or a forced tool "
+                                "choice: the grammar decides every token", param="thinking_token_budget")
+        return ThinkingBudget(self.thinking_token_budget, *markers)
 
     def prompt_truncation(self, context: int) -> tuple[int, Literal["left", "right"]] | None:
         """(tokens each prompt keeps, the side cut), or None when prompts are kept whole."""
@@ -289,6 +308,15 @@ class VllmExtras(StrictRequest):
                   ("guided_grammar", Constraint("ebnf", self.guided_grammar)) if self.guided_grammar is not None
                   else None]
         return [asked_by for asked_by in asked if asked_by is not None]
+
+
+class HiddenStatesOption(StrictRequest):
+    """SGLang's return_hidden_states, on chat and text completions (the server must be started with
+    --enable-return-hidden-states, as SGLang's)."""
+
+    return_hidden_states: bool = Field(False, json_schema_extra={HIDDEN_STATES_MARK: True},
+                                       description="SGLang's: each choice also has `hidden_states`, the final "
+                                       "hidden state (after the last norm) its last token was sampled from")
 
 
 # ---------------------------------------------------------------- responses

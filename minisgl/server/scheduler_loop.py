@@ -101,7 +101,8 @@ class SchedulerServer:
             scored = req.prompt_logprobs if start == 0 and req.params.prompt_logprobs is not None else None
             scheduled = self.scheduled_at.pop(req.rid, None) if start == 0 else None
             outputs.append(ReqOutput(req.rid, req.output_ids[start:], req.output_logprobs[start:], req.finish_reason,
-                                     len(req.prompt_ids), req.cached_tokens, req.error, scored, scheduled))
+                                     len(req.prompt_ids), req.cached_tokens, req.error, scored, scheduled,
+                                     req.hidden_state))
         self.scheduler.progressed = []
         self.scheduler.finished.clear()
         if outputs:

@@ -11,6 +11,7 @@ from minisgl.server.engine_client import EngineClient
 from minisgl.server.errors import ApiError
 from minisgl.server.ipc import IpcPaths
 from minisgl.server.metrics import Metrics
+from minisgl.server.parsers.reasoning import REASONING_PARSERS
 from minisgl.server.text import TextCodec
 
 
@@ -21,6 +22,10 @@ class ServerState:
         self.client = EngineClient(ipc, self.metrics)
         self.codec = TextCodec(tokenizer)
         self.vocab_size = ModelConfig.from_dir(args.engine.model).vocab_size  # known before the engine is up
+        # The reasoning parser's markers as token ids: what a thinking budget counts from and forces.
+        markers = REASONING_PARSERS.get(args.reasoning_parser)
+        self.thinking_markers = tuple(tuple(tokenizer.encode(m, add_special_tokens=False)) for m in markers) \
+            if markers and tokenizer is not None else None
         self.preparing = 0  # admitted requests still being checked and tokenized (not yet submitted)
         self.draining = False
         self.children: dict[str, int] = {}  # child process name -> pid, for operators (and tests)
@@ -33,7 +38,8 @@ class ServerState:
     @property
     def limits(self) -> ModelLimits:
         info = self.client.info
-        return ModelLimits(info["vocab_size"], info["max_seq_len"], info["kv_capacity_tokens"])
+        return ModelLimits(info["vocab_size"], info["max_seq_len"], info["kv_capacity_tokens"],
+                           self.args.logprobs_cap(info["vocab_size"]), self.thinking_markers)
 
     def check_serving(self) -> None:
         """503 unless new work can start now (ready, not draining)."""

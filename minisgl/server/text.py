@@ -65,8 +65,8 @@ class TextCodec:
             raise ApiError(400, f"{NO_TOKENIZER}: {what}", param=param)
 
     async def encode(self, text: str, limit: int, add_special_tokens: bool = False) -> tuple[int, list[int]]:
-        """(token count, ids); the ids are left out (empty) when the count passes `limit`. Special tokens
-        (a BOS) are added only when asked for (/tokenize): prompts are sent as the client wrote them."""
+        """(token count, ids); the ids are left out (empty) when the count passes `limit`. The tokenizer's
+        special tokens (a BOS) are added only when asked for."""
         return await self.run(self._encode, text, limit, add_special_tokens)
 
     async def encode_chat(self, conversation: Conversation, limit: int,

@@ -1,4 +1,5 @@
-"""One real `python -m minisgl --demo` server for the compatibility tests, and clients for it."""
+"""One real `python -m minisgl --demo` server for the compatibility tests, and clients for it; and a server
+whose tokenizer begins texts with a BOS, as Llama 3's does (the demo's never adds one)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import httpx
 import openai
 import pytest
 from server_utils import Server
+from template_models import with_bos_token
 from transformers import AutoTokenizer
 
 
@@ -31,3 +33,21 @@ def http(demo):
 def tokenizer(demo, http):
     """The served model's own tokenizer (--demo writes its checkpoint where /get_server_info says)."""
     return AutoTokenizer.from_pretrained(http.get("/get_server_info").json()["model"])
+
+
+@pytest.fixture(scope="session")
+def bos_model(tiny_models, tmp_path_factory) -> str:
+    """A tiny llama whose tokenizer puts its BOS before an encoded text and whose chat template writes it first."""
+    return with_bos_token(tiny_models["llama"], tmp_path_factory.mktemp("bos") / "llama", template_writes_it=True)
+
+
+@pytest.fixture(scope="session")
+def bos_server(bos_model):
+    srv = Server(bos_model, "--enable-return-hidden-states")
+    yield srv
+    assert srv.stop() == 0
+
+
+@pytest.fixture(scope="session")
+def bos_tokenizer(bos_model):
+    return AutoTokenizer.from_pretrained(bos_model)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import openai
@@ -361,11 +363,16 @@ def test_an_answer_sent_back_as_it_came_continues_the_conversation(client):
 
 
 @pytest.fixture(scope="module")
-def thinking_client():
+def thinking_server():
     """--demo with Qwen3's reasoning parser; outputs scripted by a regex (the random model never thinks)."""
     srv = Server("--demo", "--reasoning-parser", "qwen3")
-    yield srv.openai_client()
+    yield srv
     assert srv.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def thinking_client(thinking_server):
+    return thinking_server.openai_client()
 
 
 THOUGHT = {"regex": "<think>\nTwo and two[.]\n</think>\n\nIt is 4[.]"}
@@ -483,3 +490,156 @@ def test_prompt_token_ids_stand_for_the_templated_messages(client, http):
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(messages=[], **args)
     assert caught.value.body["param"] == "messages"
+
+
+def thought_length(ids: list[int], start: list[int], end: list[int]) -> int | None:
+    """Tokens between the last start marker and the first end marker after it, as vLLM's
+    test_thinking_token_budget counts them (None: no start marker; no end: up to the last token)."""
+    starts = [i for i in range(len(ids) - len(start) + 1) if ids[i:i + len(start)] == start]
+    if not starts:
+        return None
+    first = starts[-1] + len(start)
+    return next((j - first for j in range(first, len(ids) - len(end) + 1) if ids[j:j + len(end)] == end),
+                len(ids) - first)
+
+
+THINK = {"chat_template_kwargs": {"force_thinking": True}}  # the demo's template then opens the block: "<think>\n"
+
+
+def budgeted_ids(client, budget: int | None, stream: bool = False, messages: list[dict] = MESSAGES,
+                 **extra) -> tuple[list[int], list[int]]:
+    """(prompt ids, output ids) of a greedy answer that thinks from its prompt on, with a thinking budget."""
+    body = THINK | {"return_token_ids": True, "ignore_eos": True} | extra
+    if budget is not None:
+        body["thinking_token_budget"] = budget
+    args = dict(model="demo", messages=messages, max_tokens=24, temperature=0, extra_body=body)
+    if not stream:
+        done = client.chat.completions.create(**args)
+        return done.prompt_token_ids, done.choices[0].token_ids
+    prompt, output = [], []
+    for chunk in client.chat.completions.create(**args, stream=True):
+        prompt = getattr(chunk, "prompt_token_ids", None) or prompt
+        output += [i for c in chunk.choices for i in (getattr(c, "token_ids", None) or [])]
+    return prompt, output
+
+
+def markers(server: Server) -> tuple[list[int], list[int]]:
+    return tuple(httpx.post(f"{server.url}/tokenize", json={"prompt": tag, "add_special_tokens": False}).json()[
+        "tokens"] for tag in ("<think>", "</think>"))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_thinking_token_budget_ends_the_thinking_after_n_tokens(thinking_server, stream):
+    """vLLM test_thinking_token_budget_limits_reasoning: with thinking_token_budget 5 exactly 5 tokens lie
+    between the start marker (the prompt's) and the end marker, whole or streamed; the thinking goes to
+    reasoning, what follows the end marker to content. Without a budget the random model never ends it."""
+    start, end = markers(thinking_server)
+    prompt, output = budgeted_ids(thinking_server.openai_client(), 5, stream)
+    assert thought_length(prompt + output, start, end) == 5
+    message = thinking_server.openai_client().chat.completions.create(
+        model="demo", messages=MESSAGES, max_tokens=24, temperature=0,
+        extra_body=THINK | {"thinking_token_budget": 5, "ignore_eos": True}).choices[0].message
+    assert message.reasoning is not None and "</think>" not in message.content
+    free_prompt, free = budgeted_ids(thinking_server.openai_client(), None)
+    assert thought_length(free_prompt + free, start, end) == 1 + len(free)  # the prompt's newline, then all
+
+
+def test_thinking_token_budget_leaves_the_rest_of_the_batch_alone(thinking_server):
+    """vLLM test_thinking_token_budget_mixed_requests: requests with and without a budget, sent together, are
+    each answered as when sent alone."""
+    client = thinking_server.openai_client()
+    alone = [budgeted_ids(client, budget) for budget in (3, None, 7)]
+    with ThreadPoolExecutor(3) as pool:
+        together = list(pool.map(lambda budget: budgeted_ids(client, budget), (3, None, 7)))
+    assert together == alone
+    start, end = markers(thinking_server)
+    assert [thought_length(p + o, start, end) for p, o in together] == [3, 1 + len(alone[1][1]), 7]
+
+
+def test_thinking_token_budget_is_checked(thinking_server, client):
+    """vLLM test_thinking_token_budget_validation: an integer >= -1 (-1: no budget); a budget needs the markers of
+    a --reasoning-parser and no grammar; a block the template closes (enable_thinking false) is not counted."""
+    thinking = thinking_server.openai_client()
+    for bad in (-2, 0.6, 10.5):
+        with pytest.raises(openai.BadRequestError) as caught:
+            budgeted_ids(thinking, bad)
+        assert caught.value.body["param"] == "thinking_token_budget"
+    assert budgeted_ids(thinking, -1) == budgeted_ids(thinking, None)
+    with pytest.raises(openai.BadRequestError) as caught:
+        budgeted_ids(client, 3)
+    assert caught.value.body["param"] == "thinking_token_budget" and "--reasoning-parser" in caught.value.message
+    with pytest.raises(openai.BadRequestError) as caught:
+        budgeted_ids(thinking, 3, regex="[a-z]+")
+    assert caught.value.body["param"] == "thinking_token_budget"
+    closed = {"chat_template_kwargs": {"enable_thinking": False}}
+    assert budgeted_ids(thinking, 0, **closed) == budgeted_ids(thinking, None, messages=hinted(MESSAGES, 0), **closed)
+    # openapi.json says so: a budget is only -1 on a server without a reasoning parser
+    budgets = {str(srv_url): httpx.get(f"{srv_url}/openapi.json").json()["components"]["schemas"][
+        "ChatCompletionRequest"]["properties"]["thinking_token_budget"]["anyOf"][0]
+        for srv_url in (thinking_server.url, str(client.base_url).removesuffix("/v1/"))}
+    assert [budget.get("maximum") for budget in budgets.values()] == [None, -1]
+
+
+def hinted(messages: list[dict], budget: int) -> list[dict]:
+    """vLLM's thinking-budget hint, in its words, at the end of the system message (or one of its own)."""
+    hint = f"Think step by step and use fewer than {budget} reasoning tokens before the final answer."
+    if messages[0]["role"] == "system":
+        return [{**messages[0], "content": messages[0]["content"] + "\n\n" + hint}, *messages[1:]]
+    return [{"role": "system", "content": hint}, *messages]
+
+
+@pytest.mark.parametrize("messages", [MESSAGES, MESSAGES[1:]])
+def test_thinking_token_budget_tells_the_model(thinking_server, messages):
+    """vLLM test_thinking_budget_prompt_hint_*: with a budget, the prompt is the conversation whose system
+    message ends with vLLM's hint ("use fewer than N reasoning tokens"), or that starts with the hint alone."""
+    client = thinking_server.openai_client()
+    assert budgeted_ids(client, 9, messages=messages)[0] == budgeted_ids(client, None, messages=hinted(
+        messages, 9))[0] != budgeted_ids(client, None, messages=messages)[0]
+
+
+def test_a_template_that_writes_the_bos_gets_it_once(bos_server, bos_tokenizer):
+    """vLLM's chat add_special_tokens (default false): the prompt is the template's text, whose own BOS (Llama
+    3's template writes <|begin_of_text|>) comes once; true adds the tokenizer's on top, as vLLM does."""
+    client = bos_server.openai_client()
+    bos = bos_tokenizer.bos_token_id
+    text = bos_tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+
+    def prompt_ids(**extra) -> list[int]:
+        return client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=1, extra_body={
+            "return_token_ids": True} | extra).prompt_token_ids
+
+    once = prompt_ids()
+    assert once == bos_tokenizer(text, add_special_tokens=False).input_ids and once.count(bos) == 1 == once.index(
+        bos) + 1
+    assert prompt_ids(add_special_tokens=True) == [bos, *once]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_orca_load_report_in_text(client, stream):
+    """vLLM test_chat_completion_with_orca_header: `endpoint-load-metrics-format: TEXT` gets vLLM's native-HTTP
+    form, `TEXT named_metrics.<name>=<value>, ...`, on a whole or a streamed answer."""
+    raw = client.chat.completions.with_raw_response.create(
+        model="demo", messages=MESSAGES, max_tokens=2, stream=stream,
+        extra_headers={"endpoint-load-metrics-format": "TEXT"})
+    kind, _, report = raw.headers["endpoint-load-metrics"].partition(" ")
+    pairs = dict(pair.split("=") for pair in report.split(", "))
+    assert kind == "TEXT" and set(pairs) == {"named_metrics.kv_cache_usage_perc", "named_metrics.num_requests_waiting"}
+    assert all(float(value) >= 0 for value in pairs.values())
+    if stream:
+        list(raw.parse())  # read to the end: the stream is then closed
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_return_hidden_states_on_each_choice(bos_server, bos_model, stream):
+    """SGLang run_chat_completion(_stream) with return_hidden_states: each of n choices has `hidden_states` (the
+    model's hidden size of floats), streamed in one delta of its own per choice, and no other chunk has the key."""
+    client = bos_server.openai_client()
+    args = dict(model="tiny", messages=MESSAGES, n=2, max_tokens=3, temperature=1.0,
+                extra_body={"return_hidden_states": True, "ignore_eos": True})
+    size = json.loads((Path(bos_model) / "config.json").read_text())["hidden_size"]
+    if stream:
+        found = [c.delta.hidden_states for chunk in client.chat.completions.create(**args, stream=True)
+                 for c in chunk.choices if hasattr(c.delta, "hidden_states")]
+    else:
+        found = [c.hidden_states for c in client.chat.completions.create(**args).choices]
+    assert len(found) == 2 and all(len(h) == size and all(isinstance(x, float) for x in h) for h in found)

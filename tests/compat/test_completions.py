@@ -7,8 +7,11 @@ import json
 import math
 import re
 
+import httpx
 import openai
 import pytest
+import torch
+from conftest import DEVICE, hf_greedy, hf_model
 
 PROMPT = "The capital of France is"
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
@@ -338,3 +341,75 @@ def test_return_token_ids_with_echo_keeps_the_prompt_apart(client, tokenizer):
                                        extra_body={"return_token_ids": True, "ignore_eos": True}).choices[0]
     assert len(choice.token_ids) == 5 and choice.prompt_token_ids == ids
     assert tokenizer.decode(choice.prompt_token_ids) == text and choice.text.startswith(text)
+
+
+def test_text_prompts_begin_with_the_bos_as_the_peers_encode_them(bos_server, bos_tokenizer, bos_model):
+    """vLLM's add_special_tokens (default true) and SGLang's encoding: a text prompt gets the tokenizer's special
+    tokens (Llama 3's <|begin_of_text|>), counted in the usage, and the output is what transformers generates
+    from those ids; false leaves them out; token ids are taken as they are; echo shows the text as sent and
+    scores the BOS first (null)."""
+    client = bos_server.openai_client()
+    bos = bos_tokenizer.bos_token_id
+
+    def complete(prompt, **extra):
+        return client.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=0,
+                                         extra_body={"ignore_eos": True, "return_token_ids": True} | extra)
+
+    for special in (True, False):
+        done = complete(PROMPT, **({} if special else {"add_special_tokens": False}))
+        ids = bos_tokenizer(PROMPT, add_special_tokens=special).input_ids
+        assert (ids[0] == bos) is special and done.choices[0].prompt_token_ids == ids
+        assert done.usage.prompt_tokens == len(ids)
+        assert done.choices[0].token_ids == hf_greedy(bos_model, [ids], 6)[0]
+    plain = bos_tokenizer(PROMPT, add_special_tokens=False).input_ids
+    assert complete(plain).choices[0].prompt_token_ids == plain
+    echoed = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=1, echo=True, logprobs=0)
+    logprobs = echoed.choices[0].logprobs
+    assert echoed.choices[0].text.startswith(PROMPT)
+    assert logprobs.tokens[0] == bos_tokenizer.bos_token and logprobs.token_logprobs[0] is None
+    assert len(logprobs.tokens) == echoed.usage.prompt_tokens + 1
+
+
+def test_orca_load_report_on_request(client):
+    """vLLM test_completion_with_orca_header: `endpoint-load-metrics-format: JSON` is answered with an
+    `endpoint-load-metrics` header, vLLM's ORCA report (KV-cache usage, waiting requests); no header asked for,
+    or a format vLLM does not know, gets none."""
+    def headers(**extra) -> dict:
+        return client.completions.with_raw_response.create(model="demo", prompt=PROMPT, max_tokens=2,
+                                                           extra_headers=extra).headers
+
+    kind, _, report = headers(**{"endpoint-load-metrics-format": "JSON"})["endpoint-load-metrics"].partition(" ")
+    metrics = json.loads(report)["named_metrics"]
+    assert kind == "JSON" and set(metrics) == {"kv_cache_usage_perc", "num_requests_waiting"}
+    assert 0 <= metrics["kv_cache_usage_perc"] <= 1 and metrics["num_requests_waiting"] >= 0
+    assert "endpoint-load-metrics" not in headers()
+    assert "endpoint-load-metrics" not in headers(**{"endpoint-load-metrics-format": "XML"})
+
+
+def test_return_hidden_states_are_the_models(bos_server, bos_model, client):
+    """SGLang test_openai_server_hidden_states: with --enable-return-hidden-states, return_hidden_states gives each
+    choice `hidden_states`, the final hidden state (after the last norm) its last token was sampled from, as
+    transformers computes it; streamed, in one chunk of its own per choice; not asked for, no such key; an answer
+    of one token has [] (SGLang's: its token came from the prefill). Without the flag: a 400."""
+    http = httpx.Client(base_url=bos_server.url, timeout=60)
+    body = {"prompt": [PROMPT, "Hello"], "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True, "return_hidden_states": True}
+    whole = http.post("/v1/completions", json=body).json()["choices"]
+    for choice in whole:
+        ids = choice["prompt_token_ids"] + choice["token_ids"][:-1]
+        with torch.no_grad():
+            out = hf_model(bos_model)(torch.tensor([ids], device=DEVICE), output_hidden_states=True)
+        expected = out.hidden_states[-1][0, -1].float().cpu()
+        assert torch.allclose(torch.tensor(choice["hidden_states"]), expected, rtol=1e-3, atol=1e-3)
+    with http.stream("POST", "/v1/completions", json=body | {"stream": True}) as events:
+        chunks = [json.loads(line[6:]) for line in events.iter_lines() if line.startswith("data: {")]
+    carrying = [c for chunk in chunks for c in chunk["choices"] if "hidden_states" in c]
+    assert sorted(c["index"] for c in carrying) == [0, 1]
+    streamed = {c["index"]: torch.tensor(c["hidden_states"]) for c in carrying}  # batched apart: float rounding
+    assert all(torch.allclose(streamed[c["index"]], torch.tensor(c["hidden_states"]), atol=1e-4) for c in whole)
+    assert "hidden_states" not in http.post("/v1/completions", json=body | {"return_hidden_states": False}).json()[
+        "choices"][0]
+    assert http.post("/v1/completions", json=body | {"max_tokens": 1}).json()["choices"][0]["hidden_states"] == []
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="demo", prompt=PROMPT, max_tokens=1, extra_body={"return_hidden_states": True})
+    assert refused.value.body["param"] == "return_hidden_states"

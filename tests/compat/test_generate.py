@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 
+import httpx
 import pytest
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
@@ -132,3 +133,14 @@ def test_bad_requests_get_clear_errors(http, body, status, says):
     """Refused with an OpenAI-style error naming the field as the client spelled it (SGLang's names)."""
     response = http.post("/generate", json=body)
     assert response.status_code == status and says in response.json()["error"]["message"], response.text
+
+
+def test_text_is_encoded_with_the_bos_ids_as_they_are(bos_server, bos_tokenizer):
+    """SGLang encodes /generate's text with the tokenizer's special tokens (a BOS); input_ids are taken as
+    sent."""
+    with httpx.Client(base_url=bos_server.url, timeout=60) as http:
+        text = generate(http, text="Hello there", sampling_params={"max_new_tokens": 1})
+        ids = generate(http, input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 1})
+    assert text["meta_info"]["prompt_tokens"] == len(bos_tokenizer("Hello there").input_ids)
+    assert bos_tokenizer("Hello there").input_ids[0] == bos_tokenizer.bos_token_id
+    assert ids["meta_info"]["prompt_tokens"] == 3

@@ -3,16 +3,21 @@ longer than the model's refused at start-up."""
 
 from __future__ import annotations
 
+import math
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import httpx
+import openai
 import pytest
 from conftest import DEVICE
 from prometheus_client.parser import text_string_to_metric_families
 from server_utils import Server
 
+import minisgl
 from minisgl.distributed import free_port
 from minisgl.server.args import parse_args
 from minisgl.server.launch import DEMO_CONTEXT
@@ -43,7 +48,7 @@ def peer_spelled():
                  "--max-payload-size", "2048", "--enable-cache-report", "--enable-prompt-tokens-details",
                  "--no-enable-prefix-caching", "--enable-server-load-tracking", "--enable-chunked-prefill",
                  "--metrics-naming", "vllm",
-                 "--enable-force-include-usage")
+                 "--enable-force-include-usage", "--return-tokens-as-token-ids")
     yield srv
     assert srv.stop() == 0
 
@@ -101,6 +106,18 @@ def test_force_include_usage_puts_usage_on_every_chunk(peer_spelled):
     counts = [c.usage.completion_tokens for c in chunks if c.choices]  # tokens may arrive several to a chunk
     assert counts[0] == 0 and counts[-1] == 4 and all(a < b for a, b in zip(counts[1:], counts[2:]))
     assert not chunks[-1].choices and chunks[-1].usage.completion_tokens == 4
+
+
+def test_return_tokens_as_token_ids_flag(peer_spelled):
+    """vLLM test_return_tokens_as_ids' server flag: every request's logprobs spell tokens `token_id:N` (the ids of
+    its answer), as if it had asked with return_tokens_as_token_ids."""
+    client = peer_spelled.openai_client()
+    text = client.completions.create(model="demo", prompt="Say 'Hello, world! 🎉'", max_tokens=4, logprobs=1,
+                                     extra_body={"return_token_ids": True})
+    assert text.choices[0].logprobs.tokens == [f"token_id:{i}" for i in text.choices[0].token_ids]
+    chat = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "🐱"}], max_tokens=4,
+                                          logprobs=True, extra_body={"return_token_ids": True})
+    assert [t.token for t in chat.choices[0].logprobs.content] == [f"token_id:{i}" for i in chat.choices[0].token_ids]
 
 
 def running_gauges(server: Server) -> tuple[float, float]:
@@ -176,10 +193,11 @@ def test_flags_spelled_with_underscores():
 
 @pytest.fixture(scope="module")
 def behind_proxy():
-    """vLLM test_root_path: --root-path /llm, and the API key from VLLM_API_KEY (no --api-key)."""
+    """vLLM test_root_path: --root-path /llm, and the API key from VLLM_API_KEY (no --api-key); and vLLM
+    test_optional_middleware's --enable-request-id-headers."""
     with pytest.MonkeyPatch.context() as env:
         env.setenv("VLLM_API_KEY", "abc-123")
-        srv = Server("--demo", "--root-path", "/llm")
+        srv = Server("--demo", "--root-path", "/llm", "--enable-request-id-headers")
     yield srv
     assert srv.stop() == 0
 
@@ -195,6 +213,18 @@ def test_root_path_and_api_key_from_vllm_env(behind_proxy, prefix):
     assert httpx.get(f"{url}/health").status_code == 200
 
 
+def test_request_id_headers(behind_proxy, demo):
+    """vLLM test_enable_request_id_header / test_custom_request_id_header / test_no_request_id_header: with
+    --enable-request-id-headers every response (a 401 too) carries X-Request-Id, the request's own or 32 hex
+    digits; without the flag, none."""
+    made = httpx.get(f"{behind_proxy.url}/health").headers["X-Request-Id"]
+    assert len(made) == 32 and int(made, 16) >= 0
+    assert made != httpx.get(f"{behind_proxy.url}/health").headers["X-Request-Id"]
+    refused = httpx.get(f"{behind_proxy.url}/v1/models", headers={"X-Request-Id": "Custom"})
+    assert refused.status_code == 401 and refused.headers["X-Request-Id"] == "Custom"
+    assert "X-Request-Id" not in httpx.get(f"{demo.url}/health").headers
+
+
 def test_vllm_reasoning_and_scheduling_flags():
     """vLLM test_thinking_token_budget starts its server with --no-async-scheduling (minisgl's overlap
     scheduling, turned off) and --reasoning-config naming Qwen3's markers: accepted when they are the
@@ -206,3 +236,78 @@ def test_vllm_reasoning_and_scheduling_flags():
                     ["--reasoning-config", markers]):
         with pytest.raises(SystemExit):
             parse_args(["--demo", *refused])
+
+
+@pytest.mark.parametrize("cap", ["30", "-1"])
+def test_max_logprobs_sets_the_cap(cap):
+    """vLLM test_logprob_token_ids starts its server with --max-logprobs -1: a cap other than OpenAI's 20, -1
+    none but the vocabulary. Chat top_logprobs, completions logprobs and prompt_logprobs may ask for 25
+    alternatives; one over the cap is the 400 a schema bound gives, naming the cap."""
+    srv = Server("--demo", "--max-logprobs", cap)
+    try:
+        client = srv.openai_client()
+        chat = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                                              logprobs=True, top_logprobs=25)
+        assert all(len(token.top_logprobs) == 25 for token in chat.choices[0].logprobs.content)
+        text = client.completions.create(model="demo", prompt="Hello there", max_tokens=2, logprobs=25,
+                                         extra_body={"prompt_logprobs": 25})
+        assert all(len(top) in (25, 26) for top in text.choices[0].logprobs.top_logprobs)  # + the sampled token
+        assert all(len(position) in (25, 26) for position in text.choices[0].prompt_logprobs[1:])
+        vocab = srv.info()["vocab_size"]
+        over = 31 if cap == "30" else vocab + 1
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Hi"}], max_tokens=1,
+                                           logprobs=True, top_logprobs=over)
+        assert refused.value.body["param"] == "top_logprobs"
+        assert f"less than or equal to {over - 1}" in refused.value.body["message"]
+        schema = httpx.get(f"{srv.url}/openapi.json").json()["components"]["schemas"]["ChatCompletionRequest"]
+        assert {"type": "integer", "minimum": 0, "maximum": over - 1} in schema["properties"]["top_logprobs"]["anyOf"]
+        if cap == "-1":  # the whole vocabulary: every token's probability, summing to 1
+            whole = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Hi"}],
+                                                   max_tokens=1, logprobs=True, top_logprobs=vocab)
+            top = whole.choices[0].logprobs.content[0].top_logprobs
+            assert len(top) == vocab and sum(math.exp(t.logprob) for t in top) == pytest.approx(1, abs=1e-3)
+    finally:
+        assert srv.stop() == 0
+
+
+def test_logprobs_over_the_default_cap_are_refused(client):
+    """vLLM test_too_many_chat_logprobs, test_too_many_completion_logprobs: without --max-logprobs the cap is
+    OpenAI's 20."""
+    for ask in (lambda: client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Hi"}],
+                                                       max_tokens=1, logprobs=True, top_logprobs=21),
+                lambda: client.completions.create(model="demo", prompt="Hi", max_tokens=1, logprobs=21),
+                lambda: client.completions.create(model="demo", prompt="Hi", max_tokens=1,
+                                                  extra_body={"prompt_logprobs": 21})):
+        with pytest.raises(openai.BadRequestError) as refused:
+            ask()
+        assert "less than or equal to 20" in refused.value.body["message"]
+
+
+def test_serves_on_a_unix_domain_socket(tmp_path):
+    """vLLM test_uds: with --uds PATH the server answers on that socket (here /version and a completion), not
+    on a TCP port."""
+    socket_path = tmp_path / "minisgl.sock"
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "minisgl", "--demo", "--device", DEVICE, "--uds", str(socket_path),
+                             "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(socket_path)), base_url="http://minisgl",
+                          timeout=60) as http:
+            for _ in range(600):
+                assert proc.poll() is None, "the server exited"
+                try:
+                    if http.get("/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.2)
+            assert http.get("/version").json() == {"version": minisgl.__version__}
+            done = http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2}).json()
+            assert done["usage"]["completion_tokens"] >= 1
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{port}/health")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0

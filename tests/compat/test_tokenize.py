@@ -3,6 +3,8 @@ remote tokenizer): special tokens on request, token strings, tools shown by the 
 
 from __future__ import annotations
 
+import httpx
+
 CHAT = [{"role": "user", "content": "What's the weather like in Paris today?"}]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"location": {"type": "string"}}}}}]
@@ -46,3 +48,14 @@ def test_model_field_names_the_served_model(http):
     for path, body in (("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [1, 2]})):
         answer = http.post(path, json=body | {"model": "other"})
         assert answer.status_code == 404 and answer.json()["error"]["code"] == "model_not_found"
+
+
+def test_special_tokens_by_default_as_vllm_has_them(bos_server, bos_tokenizer):
+    """vLLM's /tokenize defaults: a prompt gets the tokenizer's special tokens (a BOS), as /v1/completions
+    encodes it; messages do not (their template writes its own)."""
+    url, bos = bos_server.url, bos_tokenizer.bos_token_id
+    prompt = httpx.post(f"{url}/tokenize", json={"prompt": "Hello there"}).json()["tokens"]
+    assert prompt == bos_tokenizer("Hello there").input_ids and prompt[0] == bos
+    chat = httpx.post(f"{url}/tokenize", json={"messages": CHAT}).json()["tokens"]
+    assert chat.count(bos) == 1 and chat == bos_tokenizer(bos_tokenizer.apply_chat_template(
+        CHAT, add_generation_prompt=True, tokenize=False), add_special_tokens=False).input_ids

@@ -24,9 +24,10 @@ from minisgl.server.parsers.output import ChoiceDelta, OutputParser, ToolUse
 from minisgl.server.parsers.reasoning import ReasoningParser
 from minisgl.server.parsers.tools import ToolCall, forced_schema
 from minisgl.server.protocol import (
-    MAX_LOGPROBS,
     ChatLogprobs,
     Envelope,
+    HiddenStatesOption,
+    LogprobCount,
     NonEmptyText,
     PromptLogprobs,
     SamplingFields,
@@ -173,13 +174,25 @@ class TemplateOptions(StrictRequest):
         return {"add_generation_prompt": add, "continue_final_message": self.continue_final_message}
 
 
+THINKING_HINT = "Think step by step and use fewer than {} reasoning tokens before the final answer."
+
+
+def with_thinking_hint(messages: list[dict], budget: int) -> list[dict]:
+    """vLLM's prompt for a thinking budget: its hint ends a leading system message, or is one of its own first,
+    so that the model plans for the budget the engine enforces."""
+    hint = THINKING_HINT.format(budget)
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{hint}"}, *messages[1:]]
+    return [{"role": "system", "content": hint}, *messages]
+
+
 # The schema says what `prompt` checks: messages, or (vLLM's token-in) prompt_token_ids and no messages.
 MESSAGES_OR_TOKEN_IDS = {
     "if": {"required": ["prompt_token_ids"], "properties": {"prompt_token_ids": {"type": "array"}}},
     "then": {"properties": {"messages": {"maxItems": 0}}}, "else": {"properties": {"messages": {"minItems": 1}}}}
 
 
-class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras):
+class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras, HiddenStatesOption):
     model_config = ConfigDict(json_schema_extra=MESSAGES_OR_TOKEN_IDS)
 
     messages: list[ChatMessage] = Field(description="the conversation; empty only with prompt_token_ids")
@@ -189,7 +202,7 @@ class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras):
     max_tokens: integer(ge=1) | None = None
     max_completion_tokens: integer(ge=1) | None = Field(None, description="wins over max_tokens")
     logprobs: bool = False
-    top_logprobs: integer(ge=0, le=MAX_LOGPROBS) | None = Field(None, description="needs logprobs: true")
+    top_logprobs: LogprobCount | None = Field(None, description="needs logprobs: true")
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         None, description="default: auto with tools (needs the server's --tool-call-parser), else none")
@@ -203,6 +216,8 @@ class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras):
     include_reasoning: bool = Field(True, description="vLLM's: false drops the thinking from the answer")
     stream_reasoning: bool = Field(True, description="SGLang's: false sends a streamed choice's thinking in one "
                                                      "delta, once it is complete")
+    add_special_tokens: bool = Field(False, description="vLLM's: true adds the tokenizer's special tokens (a BOS) "
+                                     "to what the chat template wrote (which has its own)")
 
     def shown(self, delta: ChoiceDelta) -> ChoiceDelta:
         """What the answer shows of a parsed delta: its reasoning dropped when include_reasoning is false."""
@@ -239,7 +254,8 @@ class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras):
         by_completion = self.max_completion_tokens is not None
         values = self.shared_sampling() | {
             "max_tokens": self.max_completion_tokens if by_completion else self.max_tokens,
-            "logprobs": (self.top_logprobs or 0) if self.logprobs else None} | self.prompt_scoring(self.prompt_logprobs)
+            "logprobs": (self.top_logprobs or 0) if self.logprobs else None,
+            "return_hidden_states": self.return_hidden_states} | self.prompt_scoring(self.prompt_logprobs)
         renamed = {"logprobs": "top_logprobs"} | ({"max_tokens": "max_completion_tokens"} if by_completion else {})
         return values, renamed
 
@@ -283,7 +299,10 @@ class ChatCompletionRequest(SamplingFields, TemplateOptions, VllmExtras):
 
     def conversation(self, tool_use: ToolUse | None) -> Conversation:
         tools = [tool.model_dump(exclude_none=True) for tool in self.tools] if self.tools else None
-        return Conversation([m.template_form() for m in self.messages], tools, tools_needed=tool_use is not None,
+        messages = [m.template_form() for m in self.messages]
+        if self.thinking_token_budget not in (None, -1):
+            messages = with_thinking_hint(messages, self.thinking_token_budget)
+        return Conversation(messages, tools, tools_needed=tool_use is not None,
                             template_kwargs=self.chat_template_kwargs or {}, **self.template_options())
 
     def output_parser(self, tool_use: ToolUse | None, reasoning: str | None, prompt_text: str | None) -> OutputParser:
@@ -337,6 +356,7 @@ class ChatChoice(BaseModel):
                                                          "has it)")
     matched_stop: str | int | None = Field(None, description="SGLang's: the stop string or stop/EOS token id that "
                                                              "ended a 'stop' choice")
+    hidden_states: list[float] | None = Field(None, exclude_if=omitted, description="SGLang's return_hidden_states")
 
 
 class ChatCompletionResponse(Envelope):
@@ -368,6 +388,8 @@ class DeltaMessage(BaseModel):
     reasoning_content: str | None = Field(None, description="null when none, as SGLang's deltas have it")
     reasoning: str | None = Field(None, exclude_if=omitted, description="vLLM's name for reasoning_content")
     tool_calls: list[DeltaToolCall] | None = Field(None, exclude_if=omitted)
+    hidden_states: list[float] | None = Field(None, exclude_if=omitted, description="SGLang's: in a chunk of its own "
+                                              "after the choice's last")
 
 
 class ChatChunkChoice(BaseModel):
@@ -425,7 +447,8 @@ def chat_choices(body: ChatCompletionRequest, choices: list[Choice], parser: Cal
         logprobs = chat_logprobs(c.logprobs, body.return_tokens_as_token_ids) if c.logprobs else None
         answers.append(ChatChoice(index=c.index, message=message, finish_reason=finish_reason(c.finish, parsed),
                                   logprobs=logprobs, token_ids=c.token_ids if body.return_token_ids else None,
-                                  matched_stop=c.matched_stop))
+                                  matched_stop=c.matched_stop,
+                                  hidden_states=c.hidden_states if body.return_hidden_states else None))
     return answers
 
 
@@ -485,5 +508,8 @@ async def chunks(state: ServerState, body: ChatCompletionRequest, gen: GenerateR
                 finish_reason=finish_reason(out.finish_reason, parser),
                 token_ids=out.new_ids if body.return_token_ids else None)],
                 usage=usage_so_far(choice) if continuous else None, prompt_logprobs=prompt_logprobs)
+        if out.finish_reason and body.return_hidden_states:
+            yield ChatCompletionChunk(id=chunk_id, model=model, choices=[ChatChunkChoice(
+                index=choice.index, delta=DeltaMessage(hidden_states=choice.hidden_states))])
     if body.include_usage:
         yield ChatCompletionChunk(id=chunk_id, model=model, choices=[], usage=usage(choices, gen.prompts))

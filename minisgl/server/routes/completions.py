@@ -17,9 +17,10 @@ from minisgl.core import Constraint
 from minisgl.server.boundary import GenerateRequest
 from minisgl.server.generation import Choice, generation_responses, outputs, respond, usage, usage_so_far
 from minisgl.server.protocol import (
-    MAX_LOGPROBS,
     CompletionLogprobs,
     Envelope,
+    HiddenStatesOption,
+    LogprobCount,
     LogprobEntry,
     NonEmptyText,
     PromptLogprobs,
@@ -41,15 +42,18 @@ router = APIRouter()
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
 
-class CompletionRequest(SamplingFields, VllmExtras):
+class CompletionRequest(SamplingFields, VllmExtras, HiddenStatesOption):
     prompt: NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)] | TokenIds | \
         Annotated[list[TokenIds], Field(min_length=1)]
     DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
     max_tokens: integer(ge=1) | None = Field(None, description="left out or null: 16 (OpenAI's default), lowered to "
                                              "what the context leaves; more than it leaves is a 400")
-    logprobs: integer(ge=0, le=MAX_LOGPROBS) | None = None
+    logprobs: LogprobCount | None = None
     echo: bool = Field(False, description="the prompt before the output (with logprobs: the prompt's too)")
+    add_special_tokens: bool = Field(True, description="vLLM's: a text prompt is encoded with the tokenizer's "
+                                     "special tokens (a BOS), as vLLM and SGLang encode it; token ids are taken as "
+                                     "they are")
 
     def prompts(self) -> list[str] | list[list[int]]:
         """The prompt as a batch: one string per prompt, or one token-id list per prompt."""
@@ -59,7 +63,8 @@ class CompletionRequest(SamplingFields, VllmExtras):
     def sampling(self) -> tuple[dict[str, Any], dict[str, str]]:
         asked = [n for n in (self.logprobs if self.echo else None, self.prompt_logprobs) if n is not None]
         prompt_logprobs = max(asked, default=None)
-        return self.shared_sampling() | {"max_tokens": self.max_tokens, "logprobs": self.logprobs} | \
+        return self.shared_sampling() | {"max_tokens": self.max_tokens, "logprobs": self.logprobs,
+                                         "return_hidden_states": self.return_hidden_states} | \
             self.prompt_scoring(prompt_logprobs), {"prompt_logprobs": "logprobs"}
 
     def constraints(self) -> list[tuple[str, Constraint]]:
@@ -81,6 +86,8 @@ class CompletionChoice(BaseModel):
     prompt_logprobs: PromptLogprobs | None = Field(None, description="vLLM's prompt_logprobs (when asked for)")
     matched_stop: str | int | None = Field(None, description="SGLang's: the stop string or stop/EOS token id that "
                                                              "ended a 'stop' choice")
+    hidden_states: list[float] | None = Field(None, exclude_if=omitted, description="SGLang's return_hidden_states "
+                                              "(streamed: in a chunk of its own after the choice's last)")
 
 
 class CompletionResponse(Envelope):
@@ -111,6 +118,7 @@ async def completions(body: CompletionRequest, request: Request,
             text, entries, ids = echoed(c, body, state.codec)
             answers.append(CompletionChoice(
                 index=c.index, text=text + c.text, finish_reason=c.finish, matched_stop=c.matched_stop,
+                hidden_states=c.hidden_states if body.return_hidden_states else None,
                 **token_ids(c, body, ids_only, ids, True),
                 logprobs=completion_logprobs(entries + c.logprobs, 0, body.return_tokens_as_token_ids)
                 if body.logprobs is not None else None))
@@ -165,5 +173,8 @@ async def chunks(state: ServerState, body: CompletionRequest, gen: GenerateReque
                 if entries or out.logprobs else None,
                 **token_ids(choice, body, ids_only, ids, first, out.new_ids))],
                 usage=usage_so_far(choice) if body.continuous_usage else None)
+        if out.finish_reason and body.return_hidden_states:
+            yield CompletionChunk(id=chunk_id, model=model, choices=[CompletionChoice(
+                index=choice.index, text="", hidden_states=choice.hidden_states)])
     if body.include_usage:
         yield CompletionChunk(id=chunk_id, model=model, choices=[], usage=usage(choices, gen.prompts))

@@ -34,13 +34,13 @@ class ModelOption(StrictRequest):
 class TokenizeOptions(ModelOption):
     """vLLM's options of both shapes."""
 
-    add_special_tokens: bool = Field(False, description="add the tokenizer's special tokens (a BOS); default "
-                                     "false, as the generation routes run prompts (vLLM: true for a prompt)")
     return_token_strs: bool = Field(False, description="also each token as the tokenizer spells it")
 
 
 class TokenizeText(TokenizeOptions):
     prompt: Text
+    add_special_tokens: bool = Field(True, description="add the tokenizer's special tokens (a BOS), as "
+                                     "/v1/completions does by default (vLLM's and SGLang's default)")
 
 
 class TokenizeChat(TemplateOptions, TokenizeOptions):
@@ -48,6 +48,8 @@ class TokenizeChat(TemplateOptions, TokenizeOptions):
 
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[Tool] | None = Field(None, description="shown to the model by the chat template, as on chat")
+    add_special_tokens: bool = Field(False, description="add the tokenizer's special tokens (a BOS) to what the "
+                                     "chat template wrote, as chat's field of the same name (vLLM's default)")
 
     @model_validator(mode="before")
     @classmethod
