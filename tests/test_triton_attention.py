@@ -165,6 +165,16 @@ def test_fp8_pool_matches_torch_over_the_same_pool(heads, kv_heads, page_size):
     case.check()  # the backend's own tiles and splits
 
 
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_fp8_pool_under_a_bf16_model_matches_torch(page_size):
+    """A 16-bit model over an fp8 pool (the kernels' fp16 dots: e4m3 and bf16 q widened to fp16) against the
+    torch reference in bf16, in decode, prefill and extend: they agree to bf16's tolerance."""
+    Case(RAGGED_KV, RAGGED_EXT, 6, 2, HEAD_DIMS[0], page_size, dtype=torch.bfloat16, seed=15,
+         cache_dtype=FP8).check(SMALL)
+    Case(DECODE_KV, [1] * len(DECODE_KV), 6, 2, HEAD_DIMS[0], page_size, dtype=torch.bfloat16, padded=2, seed=16,
+         cache_dtype=FP8).check(KernelConfig(decode_block_n=16, decode_splits=4))
+
+
 def test_decode_split_choice_fills_the_gpu():
     """Splits come from batch size and SM count only (a captured graph replays for any lengths): small
     batches get enough programs for every SM, large ones need no split."""

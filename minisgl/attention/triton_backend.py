@@ -65,7 +65,7 @@ class TritonBackend:
             raise ValueError("an fp8 KV cache with triton attention needs a GPU of compute capability 8.9 or newer "
                              "(Ada, Hopper); use --attn torch or --kv-cache-dtype auto")
         self.pool, self.page_table = pool, page_table
-        self.config = (config or KernelConfig()).fitted(pool.dtype, pool.k.shape[-1])  # tiles in the model's dtype
+        self.config = (config or KernelConfig()).fitted(pool.dtype, pool.k.shape[-1], pool.k.dtype)
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
     def prepare(self, batch: ForwardInput) -> DecodeMeta | ExtendMeta:
