@@ -79,7 +79,8 @@ async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, p
         longest = max(len(ids) for ids in prompts)
         room = limits.max_seq_len - longest
         values["max_tokens"] = fitted_max_tokens(values.pop("max_tokens"), body.DEFAULT_MAX_TOKENS, room, longest,
-                                                 limits.max_seq_len, renamed.get("max_tokens", "max_tokens"))
+                                                 limits.max_seq_len, renamed.get("max_tokens", "max_tokens"),
+                                                 chat=prompt_param == "messages")
         # Left out, max_tokens is what the context leaves: min_tokens is lowered the same way.
         values["min_tokens"] = min(values["min_tokens"] or 0, room)
         params = SamplingParams(**{k: v for k, v in values.items() if v is not None})
@@ -113,14 +114,16 @@ def check_logprobs(body: SamplingFields, cap: int) -> None:
 
 
 def fitted_max_tokens(requested: int | None, default: int | None, room: int, prompt_tokens: int, context: int,
-                      param: str) -> int:
+                      param: str, chat: bool = False) -> int:
     """The request's max_tokens: left out, its default (or all the room there is) lowered to what the context
     leaves; asked for beyond that room, a 400 as vLLM and SGLang answer (prompt + max_tokens > context),
-    worded so that clients matching either peer's message recognise it."""
+    worded so that clients matching either peer's message recognise it (a chat's limit, whichever field set
+    it, in SGLang's words: "max_completion_tokens is too large")."""
     if requested is None:
         return min(default or room, room)
     if requested > room:
-        raise ApiError(400, f"'{param}' is too large: {requested}. This model's maximum context length is {context} "
+        limit = "max_completion_tokens" if chat and param in ("max_tokens", "max_completion_tokens") else f"'{param}'"
+        raise ApiError(400, f"{limit} is too large: {requested}. This model's maximum context length is {context} "
                             f"tokens and your request has {prompt_tokens} input tokens ({requested} > {context} - "
                             f"{prompt_tokens}). Requested token count exceeds the model's maximum context length of "
                             f"{context} tokens: reduce the input or {param}.",

@@ -112,6 +112,7 @@ def test_max_tokens_beyond_the_context_is_400(client, http):
     body = caught.value.body
     assert (body["param"], body["code"]) == ("max_tokens", "context_length_exceeded")
     assert "Requested token count exceeds the model's maximum context" in body["message"]  # SGLang's words
+    assert body["message"].startswith("max_completion_tokens is too large: ")  # SGLang's newer words
     assert f"This model's maximum context length is {context} tokens" in body["message"]  # vLLM's
     assert f"{context - prompt + 1} > {context} - {prompt}" in body["message"]
     with pytest.raises(openai.BadRequestError) as caught:
