@@ -122,7 +122,7 @@ def test_thinking_becomes_a_reasoning_item(tiny_models, tmp_path):
 
 def test_the_store_is_bounded_and_the_socket_needs_the_key(tiny_models):
     """--max-stored-responses: past it the least recently used response is dropped (404, as an unknown id).
-    With --api-key the WebSocket mode needs the key too (the HTTP middleware does not see sockets)."""
+    With --api-key the WebSocket mode needs the key too (its handshake is refused without it)."""
     srv = Server(tiny_models["qwen3"], "--max-stored-responses", "2", api_key="sekret")
     try:
         client = srv.openai_client(api_key="sekret")

@@ -11,6 +11,7 @@ API key; 404 unknown model or path; 405 wrong method (with `Allow`); 413 body ov
 from __future__ import annotations
 
 import logging
+from typing import Any, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -83,6 +84,20 @@ def field_path(loc: tuple) -> list[str]:
                                                                                         "bool", "list", "dict"}))]
 
 
+def invalid_request(errors: Sequence[Any]) -> ApiError:
+    """A body the schema refuses, as a 400 naming the first field at fault (a malformed JSON body as such).
+    pydantic's error type ends the message and is the code (vLLM's messages carry it too: clients match it)."""
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":  # loc holds a byte offset, not a field
+        detail = first.get("ctx", {}).get("error", "")
+        return ApiError(400, f"malformed JSON body: {detail}".rstrip(": "))
+    where = field_path(tuple(first.get("loc", ())))
+    kind = first.get("type")
+    reason = UNKNOWN_FIELD if kind == "extra_forbidden" else f"{first.get('msg', 'invalid request')} ({kind})"
+    message = f"{'.'.join(where) + ': ' if where else ''}{reason}"
+    return ApiError(400, message, param=where[0] if where else None, code=kind)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def on_api_error(request: Request, exc: ApiError):
@@ -90,16 +105,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError):
-        first = exc.errors()[0] if exc.errors() else {}
-        if first.get("type") == "json_invalid":  # loc holds a byte offset, not a field
-            detail = first.get("ctx", {}).get("error", "")
-            return error_response(ApiError(400, f"malformed JSON body: {detail}".rstrip(": ")))
-        where = field_path(tuple(first.get("loc", ())))
-        kind = first.get("type")
-        # pydantic's error type ends the message and is the code (vLLM's messages carry it too: clients match it).
-        reason = UNKNOWN_FIELD if kind == "extra_forbidden" else f"{first.get('msg', 'invalid request')} ({kind})"
-        message = f"{'.'.join(where) + ': ' if where else ''}{reason}"
-        return error_response(ApiError(400, message, param=where[0] if where else None, code=kind))
+        return error_response(invalid_request(exc.errors()))
 
     @app.exception_handler(HTTPException)
     async def on_http_error(request: Request, exc: HTTPException):

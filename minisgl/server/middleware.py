@@ -20,13 +20,17 @@ OPEN_PATHS = frozenset({"/health", "/metrics"})  # what probes and scrapers call
 
 class ApiKeyCheck:
     """401 unless `Authorization: Bearer KEY`, on every path but OPEN_PATHS (the key is compared in
-    constant time, so response timing does not reveal how much of a guess was right)."""
+    constant time, so response timing does not reveal how much of a guess was right). A WebSocket without
+    the key is refused in its handshake (the server answers it 403)."""
 
     def __init__(self, app: ASGIApp, key: str):
         self.app, self.key = app, key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and get_route_path(scope) not in OPEN_PATHS and not self.authorized(scope):
+        if scope["type"] in ("http", "websocket") and get_route_path(scope) not in OPEN_PATHS and \
+                not self.authorized(scope):
+            if scope["type"] == "websocket":
+                return await send({"type": "websocket.close", "code": 1008, "reason": "invalid or missing API key"})
             error = ApiError(401, "invalid or missing API key", code="invalid_api_key")
             return await error_response(error, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
         await self.app(scope, receive, send)

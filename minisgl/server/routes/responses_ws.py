@@ -12,13 +12,12 @@ open for the next.
 
 from __future__ import annotations
 
-import hmac
 import json
 
-from fastapi import APIRouter, WebSocket, WebSocketDisconnect, status
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
-from minisgl.server.errors import UNKNOWN_FIELD, ApiError, field_path
+from minisgl.server.errors import ApiError, invalid_request
 from minisgl.server.responses_store import ResponseStore, Stored
 from minisgl.server.routes.responses import ResponsesRequest, begin, events, head_of
 from minisgl.server.state import ServerState
@@ -56,15 +55,10 @@ class Connection:
         if not isinstance(generate, bool):
             return await self.error(400, "invalid_request_error", "generate must be true or false", "generate")
         try:
-            body = ResponsesRequest.model_validate(fields | {"stream": True})
-            await self.create(body, generate)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = field_path(first["loc"])
-            reason = UNKNOWN_FIELD if first["type"] == "extra_forbidden" else first["msg"]
-            await self.error(400, first["type"], f"{'.'.join(where)}: {reason}", where[0] if where else None)
-        except ApiError as exc:
-            await self.error(exc.status, exc.code or "invalid_request_error", exc.message, exc.param)
+            await self.create(ResponsesRequest.model_validate(fields | {"stream": True}), generate)
+        except (ValidationError, ApiError) as exc:
+            error = invalid_request(exc.errors()) if isinstance(exc, ValidationError) else exc
+            await self.error(error.status, error.code or "invalid_request_error", error.message, error.param)
 
     def previous(self, response_id: str) -> Stored:
         if self.last is not None and self.last.response.id == response_id:
@@ -100,14 +94,8 @@ class Connection:
 
 @router.websocket("/v1/responses")
 async def responses_socket(socket: WebSocket) -> None:
-    state: ServerState = socket.app.state.server
-    key = state.args.api_key
-    if key is not None:  # the API key middleware sees HTTP requests only
-        scheme, _, token = socket.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-            return await socket.close(code=status.WS_1008_POLICY_VIOLATION, reason="invalid or missing API key")
-    await socket.accept()
-    connection = Connection(socket, state, socket.app.state.responses)
+    await socket.accept()  # with --api-key, the key middleware has checked the handshake
+    connection = Connection(socket, socket.app.state.server, socket.app.state.responses)
     try:
         while True:
             await connection.turn(await socket.receive_text())
