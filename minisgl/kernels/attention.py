@@ -40,7 +40,7 @@ class KernelConfig:
     extend_warps: int = 8
     extend_stages: int = 2
 
-    def fitted(self, dtype: torch.dtype, head_dim: int, kv_dtype: torch.dtype | None = None) -> KernelConfig:
+    def fitted(self, dtype: torch.dtype, head_dim: int, kv_dtype: torch.dtype) -> KernelConfig:
         """The tiles for this compute dtype (the model's) and pool dtype. Extend: fp32 takes twice the registers
         and shared memory (halve both sides), and head_dim 256 spills registers at 128 query rows on Hopper
         (halve the rows). Decode over a 1-byte pool: twice the keys per step and three stages keep as many
@@ -52,7 +52,7 @@ class KernelConfig:
         if head_dim > 128:
             block_m //= 2
         decode_block_n, decode_stages = self.decode_block_n, self.decode_stages
-        if kv_dtype is not None and kv_dtype.itemsize == 1:
+        if kv_dtype.itemsize == 1:
             decode_block_n, decode_stages = 2 * decode_block_n, max(3, decode_stages)
         return replace(self, extend_block_m=max(16, block_m), extend_block_n=max(16, block_n),
                        decode_block_n=decode_block_n, decode_stages=decode_stages)
