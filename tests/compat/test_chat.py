@@ -575,10 +575,10 @@ def test_thinking_token_budget_is_checked(thinking_server, client):
     closed = {"chat_template_kwargs": {"enable_thinking": False}}
     assert budgeted_ids(thinking, 0, **closed) == budgeted_ids(thinking, None, messages=hinted(MESSAGES, 0), **closed)
     # openapi.json says so: a budget is only -1 on a server without a reasoning parser
-    budgets = {str(srv_url): httpx.get(f"{srv_url}/openapi.json").json()["components"]["schemas"][
-        "ChatCompletionRequest"]["properties"]["thinking_token_budget"]["anyOf"][0]
-        for srv_url in (thinking_server.url, str(client.base_url).removesuffix("/v1/"))}
-    assert [budget.get("maximum") for budget in budgets.values()] == [None, -1]
+    budgets = [httpx.get(f"{srv_url}/openapi.json").json()["components"]["schemas"]["ChatCompletionRequest"][
+        "properties"]["thinking_token_budget"]["anyOf"][0]
+        for srv_url in (thinking_server.url, str(client.base_url).removesuffix("/v1/"))]
+    assert [budget.get("maximum") for budget in budgets] == [None, -1]
 
 
 def hinted(messages: list[dict], budget: int) -> list[dict]:
