@@ -9,11 +9,14 @@ failing ends them all: the call that saw it raises, and later calls say the engi
 
 from __future__ import annotations
 
+import gc
 import random
 from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
 from typing import Sequence
+
+import torch
 
 from minisgl.core import Req, SamplingParams, TokenLogprob, check_request
 from minisgl.distributed import free_port, init_tp_group, leave_tp_group
@@ -83,9 +86,8 @@ class LLM:
         params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
+        self._check_running()
         reqs = [self._make_req(prompt, p) for prompt, p in zip(prompts, params)]
-        if self._stopped is not None:
-            raise RuntimeError(f"this engine has stopped: {self._stopped}")
         pending = {req.rid for req in reqs}
         messages = [AddReq(req) for req in reqs]
         try:
@@ -107,10 +109,24 @@ class LLM:
     def _stop_after(self, exc: BaseException) -> None:
         """A step failed with tensor parallelism: the ranks are out of lockstep, so stop them all."""
         # A follower dying is the cause, not the broken pipe rank 0 saw: give the watcher a moment to see it.
-        self._stopped = self._followers.death_within(1.0) or f"{type(exc).__name__}: {exc}"
+        reason = self._followers.death_within(1.0) or f"{type(exc).__name__}: {exc}"
         self._followers.stop()
+        self._release(reason)
+
+    def _release(self, reason: str) -> None:
+        """Drop the engine and give its memory back (weights, KV pool, CUDA graphs), so that another LLM fits
+        on the device in this process: its page count is measured from the device's free memory."""
+        self._stopped, self._closed = reason, True
         self.engine.close()
-        self._closed = True
+        device = self.engine.device
+        del self.scheduler, self.engine
+        gc.collect()  # tensors held by reference cycles go now, not at some later collection
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the caching allocator's free blocks back to the device
+
+    def _check_running(self) -> None:
+        if self._stopped is not None:
+            raise RuntimeError(f"this engine has stopped: {self._stopped}")
 
     def _make_req(self, prompt: str | list[int], params: SamplingParams) -> Req:
         if isinstance(prompt, str):
@@ -131,9 +147,11 @@ class LLM:
                              req.prompt_logprobs if req.params.prompt_logprobs is not None else None)
 
     def stats(self) -> dict:
+        self._check_running()
         return self.scheduler.stats()
 
     def shutdown(self) -> None:
+        """Stop the engine (and its tensor-parallel ranks) and free its memory; later calls raise."""
         if self._closed:
             return
         self._closed = True
@@ -141,7 +159,7 @@ class LLM:
             self._followers.stopping.set()  # their exits are expected now
             self.scheduler.tick([Shutdown()])
             self._followers.stop(grace=30)
-            self.engine.close()
+        self._release("it was shut down")
 
     def __enter__(self) -> "LLM":
         return self
