@@ -26,11 +26,12 @@ class IpcPaths:
     scheduler: str
     detokenizer: str
     api: str
+    root: str  # the temp directory that holds the three: whoever calls `new` removes it
 
     @classmethod
     def new(cls) -> "IpcPaths":
         root = tempfile.mkdtemp(prefix="minisgl-")  # short: ipc paths are limited to ~100 bytes
-        return cls(f"ipc://{root}/scheduler", f"ipc://{root}/detokenizer", f"ipc://{root}/api")
+        return cls(f"ipc://{root}/scheduler", f"ipc://{root}/detokenizer", f"ipc://{root}/api", root)
 
 
 def inbox(ctx: zmq.Context, addr: str) -> zmq.Socket:

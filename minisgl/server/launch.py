@@ -2,7 +2,8 @@
 
 A child that dies takes the server down (non-zero exit); SIGTERM drains: /health turns 503, new
 requests get 503, in-flight ones finish (up to --shutdown-timeout, after which they get an error), then
-the process exits 0.
+the process exits 0. Every exit, a failed start included, stops the children and removes the server's
+temp directories (the ipc sockets', --demo's model).
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
+import signal
+import sys
 import tempfile
 import threading
 import time
@@ -72,6 +76,30 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+class Lifetime:
+    """What the api process undoes at each of its exits: its children and its temp directories. `serve` ends it
+    on a return or an exception; the paths that leave through os._exit (which skips `finally`) end it first."""
+
+    def __init__(self) -> None:
+        self.children: list[multiprocessing.Process] = []
+        self.dirs: list[str] = []
+        self.stopping = threading.Event()  # children's exits are expected from now on
+
+    def temp_dir(self, prefix: str) -> str:
+        path = tempfile.mkdtemp(prefix=prefix)
+        self.dirs.append(path)
+        return path
+
+    def end(self) -> None:
+        self.stopping.set()
+        for child in self.children:
+            child.kill()
+        for child in self.children:  # dead before their directory goes: none can bind a socket in it again
+            child.join(timeout=10)
+        for path in self.dirs:
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def start_children(args: ServerArgs, ipc: IpcPaths) -> list[multiprocessing.Process]:
     spawn = multiprocessing.get_context("spawn")
     port, tp = free_port(), args.engine.tp_size
@@ -85,29 +113,39 @@ def start_children(args: ServerArgs, ipc: IpcPaths) -> list[multiprocessing.Proc
     return children
 
 
-def watch_children(children: list[multiprocessing.Process], stopping: threading.Event) -> None:
+def watch_children(life: Lifetime) -> None:
     """Any child exiting on its own is fatal: say which, stop the rest, exit non-zero."""
-    ended = multiprocessing.connection.wait([c.sentinel for c in children])
-    if stopping.is_set():
+    ended = multiprocessing.connection.wait([c.sentinel for c in life.children])
+    if life.stopping.is_set():
         return
-    for child in children:
+    for child in life.children:
         if child.sentinel in ended:  # its pipe closes a moment before it can be reaped: join for the code
             child.join(timeout=1)
             logger.error("%s (pid %d) exited with code %s; shutting the server down", child.name, child.pid,
                          child.exitcode)
-    for child in children:
-        child.kill()
+    life.end()
     os._exit(1)
 
 
 def serve(args: ServerArgs) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s [api] %(levelname)s %(message)s")
+    # A SIGTERM before uvicorn takes the signal over (or a second one, which uvicorn raises again once it has
+    # stopped) exits through `finally` below, not at once with the temp directories left behind.
+    signal.signal(signal.SIGTERM, lambda sig, frame: sys.exit(128 + sig))
+    life = Lifetime()
+    try:
+        return _serve(args, life)
+    finally:
+        life.end()
+
+
+def _serve(args: ServerArgs, life: Lifetime) -> int:
     if args.demo:
         from minisgl.tools.tiny_model import QWEN3_CHAT_TEMPLATE, make_tiny_model
 
         # Qwen3's own context and chat template (tools, thinking), so launch commands and requests written for
         # real models (--max-model-len 8192, tools, enable_thinking) fit it.
-        args.engine.model = str(make_tiny_model(tempfile.mkdtemp(prefix="minisgl-demo-"), arch="qwen3",
+        args.engine.model = str(make_tiny_model(life.temp_dir("minisgl-demo-"), arch="qwen3",
                                                 max_position_embeddings=DEMO_CONTEXT,
                                                 chat_template=QWEN3_CHAT_TEMPLATE))
         logger.info("demo: serving a tiny random qwen3 model from %s on the CPU", args.engine.model)
@@ -126,18 +164,15 @@ def serve(args: ServerArgs) -> int:
                          "config.json), or --skip-tokenizer-init to serve token ids only", args.engine.model)
             return 2
     ipc = IpcPaths.new()
-    children = start_children(args, ipc)
-    stopping = threading.Event()
-    threading.Thread(target=watch_children, args=(children, stopping), daemon=True).start()
+    life.dirs.append(ipc.root)
+    life.children = start_children(args, ipc)
+    threading.Thread(target=watch_children, args=(life,), daemon=True).start()
     state = ServerState(args, ipc, tokenizer)
-    state.children = {child.name: child.pid for child in children}
+    state.children = {child.name: child.pid for child in life.children}
     config = uvicorn.Config(build_app(state), host=args.host, port=args.port, uds=args.uds, log_level="warning",
                             timeout_graceful_shutdown=5)
     DrainingServer(config, state, args.shutdown_timeout).run()
-    stopping.set()
-    for child in children:
-        child.kill()
-        child.join(timeout=10)
+    life.end()
     logger.info("server stopped")
     logging.shutdown()
     # Exit now, not when a tokenizer thread still busy with a huge prompt is done: the shutdown bound holds.
