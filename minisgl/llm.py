@@ -3,6 +3,9 @@
     llm = LLM("path/or/hf-id", device="cpu", dtype="float32")
     outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))
 
+`llm.shutdown()`, or leaving a `with LLM(...) as llm:` block, frees the engine's memory (device memory included),
+so that another LLM can be built in the same process afterwards.
+
 With tp_size > 1 this process is rank 0 and spawns ranks 1..N-1, which follow its decisions. Any rank
 failing ends them all: the call that saw it raises, and later calls say the engine has stopped.
 """
