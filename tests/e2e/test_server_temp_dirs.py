@@ -29,12 +29,13 @@ class Launched:
 
     def __init__(self, tmp_path: Path, *args: str, port: int | None = None):
         self.temp = Path(tempfile.mkdtemp(prefix="msgl-"))
-        self.url = f"http://127.0.0.1:{port or free_port()}"
+        port = port or free_port()
+        self.url = f"http://127.0.0.1:{port}"
         env = {**os.environ, "TMPDIR": str(self.temp), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
         self.log = tmp_path / "server.log"
         with self.log.open("w") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "minisgl", *args, "--port", self.url.split(":")[-1]],
-                                         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen([sys.executable, "-m", "minisgl", *args, "--port", str(port)], env=env,
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_healthy(self, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
