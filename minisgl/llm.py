@@ -154,7 +154,7 @@ class LLM:
         return self.scheduler.stats()
 
     def shutdown(self) -> None:
-        """Stop the engine (and its tensor-parallel ranks) and free its memory; later calls raise."""
+        """Stop the engine (and its tensor-parallel ranks) and free its memory; generate and stats raise after it."""
         if self._closed:
             return
         self._closed = True
