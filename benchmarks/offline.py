@@ -98,10 +98,11 @@ def main() -> None:
     ready = time.perf_counter() - start
     run = {"w1": w1, "w2": w2, "w3": w3, "w3-nocache": w3, "steps": steps}[args.workload]
     result = run(llm)
+    kv_tokens = llm.engine.num_pages * llm.engine.page_size  # read before shutdown() drops the engine
     llm.shutdown()
     print(json.dumps({"model": Path(args.config).stem, "tp": args.tp, "attn": args.attn,
                       "graphs": args.cuda_graph_max_bs, "overlap": not args.no_overlap, "kv": args.kv_cache_dtype,
-                      "kv_tokens": llm.engine.num_pages * llm.engine.page_size, "ready_s": round(ready, 1),
+                      "kv_tokens": kv_tokens, "ready_s": round(ready, 1),
                       **result}), flush=True)
 
 
