@@ -52,9 +52,11 @@ def minisgl_logprobs(engine: LLM, prompt_list: list[list[int]]) -> list[torch.Te
 
 
 def hf_logprobs(path: str, prompt_list: list[list[int]]) -> list[torch.Tensor]:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, FineGrainedFP8Config
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    # Dequantized on every machine (on a GPU transformers would otherwise run its own FP8 kernels).
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                 quantization_config=FineGrainedFP8Config(dequantize=True)).eval()
     result = []
     with torch.no_grad():
         for prompt in prompt_list:
