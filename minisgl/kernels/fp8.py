@@ -2,10 +2,12 @@
 of prefill-sized batches. The decode GEMV (`minisgl.kernels.gemv`) and the fused experts
 (`minisgl.kernels.fused_moe`) take FP8 weights through the same helpers.
 
-Each kernel steps through K one scale group (GROUP columns, the weight block's width) at a time:
-it quantizes its activation tile per row in registers (no separate quantization launch, no e4m3 copy
-of x in memory), multiplies on the FP8 tensor cores, and scales the float32 product by the row's
-activation scale and the weight block's scale. `minisgl.layers.fp8.fp8_linear_torch` is the reference.
+Each kernel steps through K one scale group (GROUP columns, the weight block's width) at a time,
+multiplies e4m3 tiles on the FP8 tensor cores, and scales the float32 product by the row's activation
+scale and the weight block's scale. `minisgl.layers.fp8.fp8_linear_torch` is the reference. The GEMV and
+the experts quantize their activation tile per row in registers (few rows, no extra launch); the GEMM
+quantizes x once in a launch of its own, as each of its many column tiles would otherwise redo it and
+the rounding, not the tensor cores, would bound it (measured: W1 at half of bf16's speed).
 
 Under TRITON_INTERPRET=1 (the CPU tests) the e4m3 rounding is done in float32 arithmetic and the dot
 in float32: the interpreter's own float32 -> e4m3 cast mis-rounds values just below a power of two
@@ -54,22 +56,45 @@ def quantize_tile(a, AXIS: tl.constexpr, EMULATE: tl.constexpr):
 
 
 @triton.jit
-def dot_e4m3(a, b, EMULATE: tl.constexpr, NATIVE: tl.constexpr):
-    """a @ b for e4m3 tiles (a from quantize_tile), exact products summed in float32: on the FP8 tensor
-    cores (NATIVE), or with both tiles widened to bfloat16 (which holds every e4m3 value)."""
+def dot_e4m3(a, b, EMULATE: tl.constexpr):
+    """a @ b for e4m3 tiles on the FP8 tensor cores, exact products summed in float32 (emulated: in float32)."""
     if EMULATE:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    elif NATIVE:
-        return tl.dot(a, b)
-    else:
-        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    return tl.dot(a, b)
 
 
 @triton.jit
-def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_sk,
-                     SCALE_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, EMULATE: tl.constexpr,
+def _quantize_kernel(x_ptr, q_ptr, s_ptr, M, K, groups, stride_xm, ROWS: tl.constexpr, GROUP: tl.constexpr,
+                     EMULATE: tl.constexpr):
+    """One group of ROWS rows of x: their e4m3 values (float32 when emulated) and scales."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    g = tl.program_id(1)
+    k = g * GROUP + tl.arange(0, GROUP)
+    inside = (rows[:, None] < M) & (k[None, :] < K)
+    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + k[None, :], mask=inside, other=0.0)
+    q, scale = quantize_tile(x, 1, EMULATE)
+    tl.store(q_ptr + rows[:, None].to(tl.int64) * K + k[None, :], q, mask=inside)
+    tl.store(s_ptr + rows * groups + g, scale, mask=rows < M)
+
+
+def quantize_activation(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (e4m3 values [M, K], float32 scales [M, ceil(K / group)]), per token and group."""
+    m, k = x.shape
+    groups = triton.cdiv(k, group)
+    q = torch.empty(m, k, dtype=torch.float32 if EMULATE else torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(m, groups, dtype=torch.float32, device=x.device)
+    if m:
+        _quantize_kernel[(triton.cdiv(m, 16), groups)](x, q, scale, m, k, groups, x.stride(0), ROWS=16, GROUP=group,
+                                                       EMULATE=EMULATE)
+    return q, scale
+
+
+@triton.jit
+def _fp8_gemm_kernel(x_ptr, sx_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, M, N, K, groups, stride_wn, stride_sn,
+                     stride_sk, SCALE_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, EMULATE: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, GROUP_M: tl.constexpr):
-    """One [BLOCK_M, BLOCK_N] tile of y = x W^T, K walked one scale group at a time."""
+    """One [BLOCK_M, BLOCK_N] tile of y = x W^T from quantized x [M, K] and its scales [M, groups], K
+    walked one scale group at a time."""
     pid = tl.program_id(0)  # consecutive programs share GROUP_M row tiles, so that W's tiles stay in L2
     blocks_m, blocks_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     first_m = pid // (GROUP_M * blocks_n) * GROUP_M
@@ -79,7 +104,7 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, M, N, K, stride_xm,
     m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     kk = tl.arange(0, GROUP)
-    x_ptrs = x_ptr + m[:, None].to(tl.int64) * stride_xm + kk[None, :]
+    x_ptrs = x_ptr + m[:, None].to(tl.int64) * K + kk[None, :]
     w_ptrs = w_ptr + n[None, :].to(tl.int64) * stride_wn + kk[:, None]  # W^T: [GROUP, BLOCK_N]
     s_ptrs = s_ptr + (n // SCALE_ROWS) * stride_sn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -88,8 +113,8 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, M, N, K, stride_xm,
         x = tl.load(x_ptrs, mask=(m[:, None] < M) & in_k[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=in_k[:, None] & (n[None, :] < N), other=0.0)
         sw = tl.load(s_ptrs + g * stride_sk, mask=n < N, other=0.0)
-        xq, sx = quantize_tile(x, 1, EMULATE)
-        acc += dot_e4m3(xq, w, EMULATE, True) * sx[:, None] * sw[None, :]
+        sx = tl.load(sx_ptr + m * groups + g, mask=m < M, other=0.0)
+        acc += dot_e4m3(x, w, EMULATE) * sx[:, None] * sw[None, :]
         x_ptrs += GROUP
         w_ptrs += GROUP
     if HAS_BIAS:
@@ -109,11 +134,9 @@ class Fp8GemmConfig:
 
 def pick_config(m: int) -> Fp8GemmConfig:
     """Tiles by batch size: small batches take short row tiles so that more programs share the weight read."""
-    if m <= 32:
-        return Fp8GemmConfig(block_m=32, block_n=64)
     if m <= 64:
-        return Fp8GemmConfig(block_m=64, block_n=128)
-    return Fp8GemmConfig(block_m=128, block_n=128, num_warps=8)
+        return Fp8GemmConfig(block_m=64, block_n=128, num_stages=4)
+    return Fp8GemmConfig(block_m=128, block_n=128, num_warps=8, num_stages=4)
 
 
 def scale_strides(scale: torch.Tensor, config: Fp8Config) -> tuple[int, int]:
@@ -130,10 +153,11 @@ def fp8_gemm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, config: Fp8C
     x = x if x.stride(1) == 1 else x.contiguous()
     tiles = tiles or pick_config(m)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    xq, sx = quantize_activation(x, config.group)
     stride_sn, stride_sk = scale_strides(scale, config)
     grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n),)
-    _fp8_gemm_kernel[grid](x, w, scale, bias if bias is not None else out, out, m, n, k, x.stride(0), w.stride(0),
-                           stride_sn, stride_sk, SCALE_ROWS=config.scale_rows, HAS_BIAS=bias is not None,
+    _fp8_gemm_kernel[grid](xq, sx, w, scale, bias if bias is not None else out, out, m, n, k, sx.shape[1],
+                           w.stride(0), stride_sn, stride_sk, SCALE_ROWS=config.scale_rows, HAS_BIAS=bias is not None,
                            EMULATE=EMULATE, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, GROUP=config.group,
                            GROUP_M=tiles.group_m, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     return out

@@ -233,9 +233,9 @@ def _expert_gemm_kernel(a_ptr, b_ptr, c_ptr, sorted_ptr, block_expert_ptr, num_p
                 b_up = tl.load(b_ptrs + N * stride_bn, mask=k_ok[:, None], other=0.0)
         if FP8:
             aq, sa = quantize_tile(a, 1, EMULATE)
-            acc += dot_e4m3(aq, b, EMULATE, True) * sa[:, None] * tl.load(s_ptrs + k * stride_sk)[None, :]
+            acc += dot_e4m3(aq, b, EMULATE) * sa[:, None] * tl.load(s_ptrs + k * stride_sk)[None, :]
             if GATED:
-                acc_up += dot_e4m3(aq, b_up, EMULATE, True) * sa[:, None] * tl.load(s_up_ptrs + k * stride_sk)[None, :]
+                acc_up += dot_e4m3(aq, b_up, EMULATE) * sa[:, None] * tl.load(s_up_ptrs + k * stride_sk)[None, :]
         else:
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
             if GATED:

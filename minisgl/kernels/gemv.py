@@ -63,7 +63,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, M, N
         if FP8:  # one scale group per step: k is a multiple of BLOCK_K, the group
             sw = tl.load(s_ptr + (n // SCALE_ROWS) * stride_sn + k // BLOCK_K * stride_sk, mask=n < N, other=0.0)
             xq, sx = quantize_tile(xt, 0, EMULATE)
-            acc += dot_e4m3(w, xq, EMULATE, False) * sw[:, None] * sx[None, :]
+            acc += dot_e4m3(w, xq, EMULATE) * sw[:, None] * sx[None, :]
         else:
             acc = tl.dot(w, xt, acc, input_precision=PRECISION)
         w_ptrs += BLOCK_K
@@ -150,10 +150,9 @@ CONFIGS: dict[tuple[int, int], GemvConfig] = {
 FP8_CONFIGS: dict[tuple[int, int], GemvConfig] = {}
 
 
-def default_config(n: int, k: int) -> GemvConfig:
-    """Tiles of 32 rows x 256 columns; K is split in powers of two until there are TARGET_PROGRAMS programs
-    or a slice is down to one K tile."""
-    block_n, block_k = 32, 256
+def default_config(n: int, k: int, block_n: int = 32, block_k: int = 256) -> GemvConfig:
+    """Tiles of 32 rows x 256 columns (FP8: 128 rows x one scale group, the same 16 KB a step); K is split
+    in powers of two until there are TARGET_PROGRAMS programs or a slice is down to one K tile."""
     tiles, k_tiles = triton.cdiv(n, block_n), triton.cdiv(k, block_k)
     split_k = 1
     while tiles * split_k < TARGET_PROGRAMS and k_tiles >= 2 * split_k:
@@ -193,7 +192,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     assert w.shape[1] == k and w.stride(1) == 1, "gemv: x [M, K], w [N, K] with unit stride along K"
     assert (x.dtype == w.dtype) == (fp8 is None), "gemv: w of x's dtype, or e4m3 with its scales"
     assert 1 <= m <= BLOCK_M, f"gemv takes 1..{BLOCK_M} rows, got {m}"
-    config = config or (FP8_CONFIGS if fp8 else CONFIGS).get((n, k)) or default_config(n, k)
+    config = config or (FP8_CONFIGS.get((n, k)) or default_config(n, k, 128, fp8.group) if fp8 else
+                        CONFIGS.get((n, k)) or default_config(n, k))
     x = x if x.stride(1) == 1 else x.contiguous()
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_k = fp8.group if fp8 else min(config.block_k, max(16, triton.next_power_of_2(k)))
