@@ -41,6 +41,13 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, confi
     return fp8_linear_torch(x, weight, scale, config, bias)
 
 
+def layer_linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x through a parallel layer's own weight, FP8 (with its scales) or not."""
+    if layer.quant is None:
+        return linear(x, layer.weight, bias)
+    return fp8_linear(x, layer.weight, layer.weight_scale_inv, layer.quant, bias)
+
+
 def fp8_weight(rows: int, cols: int, quant: Fp8Config | None) -> tuple[nn.Parameter, nn.Parameter | None]:
     """A layer's weight [rows, cols] in the model dtype, or in e4m3 with its float32 `weight_scale_inv`."""
     if quant is None:
@@ -84,12 +91,11 @@ class ColumnParallelLinear(nn.Module):
         start, length = self.source_range(shard_id)
         unit = self.quant.scale_rows
         offset = sum(self.local_sizes[:shard_id])
-        check_shape(param, narrow_scale(loaded, 0, start, length, unit), narrow_scale(param.data, 0, offset, length, unit))
+        check_shape(param, narrow_scale(loaded, 0, start, length, unit),
+                    narrow_scale(param.data, 0, offset, length, unit))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.quant is not None:
-            return fp8_linear(x, self.weight, self.weight_scale_inv, self.quant, self.bias)
-        return linear(x, self.weight, self.bias)
+        return layer_linear(self, x, self.bias)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -142,10 +148,7 @@ class RowParallelLinear(nn.Module):
         check_shape(param, narrow_scale(loaded, 1, self.tp.rank * self.local_in, self.local_in, unit), param.data)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.quant is not None:
-            y = self.tp.all_reduce(fp8_linear(x, self.weight, self.weight_scale_inv, self.quant))
-        else:
-            y = self.tp.all_reduce(linear(x, self.weight))
+        y = self.tp.all_reduce(layer_linear(self, x))
         return y + self.bias if self.bias is not None else y
 
 

@@ -66,7 +66,8 @@ class SparseMoE(nn.Module):
         self.gate = nn.Linear(hidden, num_experts, bias=False)  # the router, replicated
         self.gate.weight.requires_grad_(False)
         dtype = FP8_DTYPE if quant else None
-        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * self.local_inter, hidden, dtype=dtype), requires_grad=False)
+        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * self.local_inter, hidden, dtype=dtype),
+                                requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden, self.local_inter, dtype=dtype), requires_grad=False)
         self.w13_scale_inv = self.w2_scale_inv = None
         if quant:

@@ -79,7 +79,8 @@ def assert_close_logprobs(ours: list[torch.Tensor], ref: list[torch.Tensor]) -> 
 @pytest.fixture(scope="module")
 def fp8_models(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("fp8")
-    return {arch: str(make_tiny_model(root / arch, arch=arch, seed=0, fp8_block=BLOCK)) for arch in ("qwen3", "qwen3_moe")}
+    return {arch: str(make_tiny_model(root / arch, arch=arch, seed=0, fp8_block=BLOCK))
+            for arch in ("qwen3", "qwen3_moe")}
 
 
 def dequantized_copy(src: str, dst) -> str:

@@ -62,12 +62,12 @@ def test_fp8_gemm_small(scales, m):
 
 
 @pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
-@pytest.mark.parametrize("split_k", [1, 4])
+@pytest.mark.parametrize("split_k", [1, 4, None], ids=["whole", "split4", "default"])
 @pytest.mark.parametrize("scales", list(SMALL))
 @pytest.mark.parametrize("m", [1, 3, 8])
 def test_fp8_gemv_small(scales, m, split_k):
-    check_linear(gemv_fp8(GemvConfig(block_n=16, block_k=32, split_k=split_k)), m, 50, 300, SMALL[scales],
-                 bias=m == 3)
+    config = GemvConfig(block_n=16, block_k=32, split_k=split_k) if split_k else None
+    check_linear(gemv_fp8(config), m, 50, 300, SMALL[scales], bias=m == 3)
 
 
 @pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
