@@ -176,3 +176,26 @@ def test_fp8_tensor_for_a_float_parameter_is_named(fp8_models, tmp_path):
     (path / "config.json").write_text(json.dumps(raw))
     with pytest.raises(ModelLoadError, match=r"weight.*float8_e4m3fn.*quantization_config"):
         llm(str(path))
+
+
+@pytest.mark.parametrize("quantization", ["checkpoint", "per_channel"])
+def test_fp8_tp2_equals_tp1(tmp_path, quantization):
+    """Block scales sliced with their weights (16-row blocks: TP 2 splits the 32 KV rows into one block each),
+    and per-channel scales taken from the whole tensor before it is sliced. (Per-channel activation groups
+    are 128 columns: the row-parallel layers' halves must hold whole groups, as real models' do.)"""
+    if quantization == "checkpoint":
+        path, kwargs = str(make_tiny_model(tmp_path / "m", arch="qwen3_moe", seed=0, fp8_block=16)), {}
+    else:
+        wide = dict(hidden_size=256, num_attention_heads=16, intermediate_size=256, moe_intermediate_size=256)
+        path = str(make_tiny_model(tmp_path / "m", arch="qwen3_moe", seed=0, **wide))
+        kwargs = {"quantization": "fp8"}
+    with llm(path, tp_size=2, **kwargs) as engine:
+        tp2 = minisgl_logprobs(engine, prompts())
+    tp1 = minisgl_logprobs(llm(path, **kwargs), prompts())
+    assert max_gap(tp1, tp2) < 1e-4
+
+
+def test_tp_slice_inside_a_weight_block_is_refused(fp8_models):
+    """32-row blocks and 2 ranks: each rank's 16 KV rows would begin inside a block."""
+    with pytest.raises(ValueError, match="not aligned to the FP8 weight blocks of 32"):
+        llm(fp8_models["qwen3"], tp_size=2)
