@@ -199,3 +199,34 @@ def test_tp_slice_inside_a_weight_block_is_refused(fp8_models):
     """32-row blocks and 2 ranks: each rank's 16 KV rows would begin inside a block."""
     with pytest.raises(ValueError, match="not aligned to the FP8 weight blocks of 32"):
         llm(fp8_models["qwen3"], tp_size=2)
+
+
+def test_modules_to_not_convert_stay_in_the_model_dtype(fp8_models, tmp_path):
+    """A checkpoint whose first MLP was left unquantized (listed in modules_to_not_convert) loads it as float
+    and gives the same log-probabilities as the all-FP8 checkpoint dequantized there."""
+    path = tmp_path / "partial"
+    shutil.copytree(fp8_models["qwen3"], path)
+    tensors = load_file(path / "model.safetensors")
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        name = f"model.layers.0.mlp.{proj}.weight"
+        tensors[name] = dequantize_weight(tensors[name], tensors.pop(name + "_scale_inv"), Fp8Config((BLOCK, BLOCK)))
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    raw = json.loads((path / "config.json").read_text())
+    raw["quantization_config"]["modules_to_not_convert"] = ["lm_head", "model.layers.0.mlp"]
+    (path / "config.json").write_text(json.dumps(raw))
+    engine = llm(str(path))
+    params = dict(engine.engine.model.named_parameters())
+    assert params["model.layers.0.mlp.gate_up_proj.weight"].dtype == torch.float32
+    assert params["model.layers.1.mlp.gate_up_proj.weight"].dtype == FP8_DTYPE
+    assert "model.layers.0.mlp.gate_up_proj.weight_scale_inv" not in params
+    assert_close_logprobs(minisgl_logprobs(engine, prompts()), minisgl_logprobs(llm(fp8_models["qwen3"]), prompts()))
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": [128, 128]}, "static activation"),
+    ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "per-tensor"),
+    ({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]}, "e5m2"),
+])
+def test_unsupported_fp8_schemes_are_named(raw, message):
+    with pytest.raises(ValueError, match=message):
+        Fp8Config.from_hf(raw)
