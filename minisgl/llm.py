@@ -57,10 +57,10 @@ class LLM:
                  max_prefill_tokens: int = 8192, cache_type: str = "radix", num_pages: int | None = None,
                  max_running_requests: int = 256, attention_backend: str = "auto", max_seq_len: int | None = None,
                  memory_ratio: float = 0.9, dummy_weights: bool = False, cuda_graph_max_bs: int = 256,
-                 overlap_schedule: bool = True, kv_cache_dtype: str = "auto"):
+                 overlap_schedule: bool = True, kv_cache_dtype: str = "auto", quantization: str | None = None):
         args = EngineArgs(str(model), device, dtype, tp_size, page_size, max_prefill_tokens, cache_type, num_pages,
                           max_running_requests, attention_backend, max_seq_len, memory_ratio, dummy_weights,
-                          cuda_graph_max_bs, overlap_schedule, kv_cache_dtype)
+                          cuda_graph_max_bs, overlap_schedule, kv_cache_dtype, quantization)
         port = free_port()
         self._closed = True  # until built: nothing to shut down
         self._followers = Followers(tp_size, port, args)

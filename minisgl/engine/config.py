@@ -26,6 +26,7 @@ class EngineArgs:
     cuda_graph_max_bs: int = 256  # largest decode batch replayed from a CUDA graph; 0 turns graphs off
     overlap_schedule: bool = True  # build step N+1 on the CPU while the device runs step N
     kv_cache_dtype: str = "auto"  # auto (the model's dtype) | fp8 | fp8_e4m3 (float8_e4m3fn, scale 1.0)
+    quantization: str | None = None  # None: the checkpoint's own | fp8 (per-channel FP8 weights at load)
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, rule: str) -> None:
@@ -36,6 +37,7 @@ class EngineArgs:
               "'auto', 'cuda' or 'cpu'")
         check(self.kv_cache_dtype in ("auto", *KV_CACHE_DTYPES), "kv_cache_dtype",
               f"'auto' or one of {tuple(KV_CACHE_DTYPES)}")
+        check(self.quantization in (None, "fp8"), "quantization", "None or 'fp8'")
         check(self.tp_size >= 1, "tp_size", ">= 1")
         check(self.page_size >= 1, "page_size", ">= 1")
         check(self.max_prefill_tokens >= 1, "max_prefill_tokens", ">= 1")

@@ -107,7 +107,8 @@ class Engine:
             torch.cuda.set_device(device)
         start = time.perf_counter()
         self.model_path = resolve_model_path(args.model)
-        self.model = load_model(self.model_path, tp, device, args.dtype, dummy=args.dummy_weights)
+        self.model = load_model(self.model_path, tp, device, args.dtype, dummy=args.dummy_weights,
+                                quantization=args.quantization)
         config = self.config = self.model.config
         self.max_seq_len = min(args.max_seq_len or config.max_position_embeddings, config.max_position_embeddings)
         attn = self.model.model.layers[0].self_attn

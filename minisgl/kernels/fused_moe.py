@@ -10,15 +10,25 @@ Three steps, no host sync (the decode step runs inside CUDA graphs), no Python l
    SiLU(gate) * up in the epilogue -> one row of [T * top_k, I] per pair.
 3. down: multiply by the expert's w2 and by the pair's routing weight -> [T * top_k, H]; a sum over
    top_k gives [T, H]. Every step is deterministic: no atomics, a fixed summation order.
+
+FP8 experts (e4m3 weights with block or per-channel scales) run through the same two GEMMs with BLOCK_K
+set to the scale group: each program quantizes its activation tile per row in registers (see
+`minisgl.kernels.fp8`) and scales each group's product by the activation and weight scales.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
+
+from minisgl.kernels.fp8 import EMULATE, dot_e4m3, quantize_tile, scale_strides
+
+if TYPE_CHECKING:
+    from minisgl.layers.fp8 import Fp8Config
 
 # Align: up to PAIRS_PER_PROGRAM pairs (decode batches) are sorted by a single program in one launch;
 # more are counted, then placed, by up to MAX_ALIGN_PROGRAMS programs. A program takes its pairs a chunk
@@ -174,12 +184,15 @@ def _expert_gemm_kernel(a_ptr, b_ptr, c_ptr, sorted_ptr, block_expert_ptr, num_p
                         num_pairs, rows_per_token, N, K, blocks_m,
                         stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                        GATED: tl.constexpr, WEIGHTED: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
+                        GATED: tl.constexpr, WEIGHTED: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+                        s_ptr, stride_se, stride_sn, stride_sk, SCALE_ROWS: tl.constexpr, FP8: tl.constexpr,
+                        EMULATE: tl.constexpr):
     """C[pair, :N] = A[pair // rows_per_token] @ B[expert].T for one [BLOCK_M, BLOCK_N] tile of sorted pairs.
 
     GATED: B holds gate rows then up rows (N each) and C = silu(gate) * up. WEIGHTED: C is scaled by the
     pair's routing weight. Padding rows (index num_pairs) are neither read nor written. PRECISION is
-    "ieee" for float32 inputs, as torch's own matmul (no TF32).
+    "ieee" for float32 inputs, as torch's own matmul (no TF32). FP8: B is e4m3 with scales at s_ptr
+    [E, rows / SCALE_ROWS, K / BLOCK_K] and BLOCK_K is the scale group.
     """
     # Consecutive programs share a group of GROUP_M row blocks so that their weight tiles stay in L2.
     pid = tl.program_id(0)
@@ -203,6 +216,9 @@ def _expert_gemm_kernel(a_ptr, b_ptr, c_ptr, sorted_ptr, block_expert_ptr, num_p
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if GATED:
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if FP8:
+        s_ptrs = s_ptr + expert * stride_se + (offs_n % N) // SCALE_ROWS * stride_sn
+        s_up_ptrs = s_ptr + expert * stride_se + (offs_n % N + N) // SCALE_ROWS * stride_sn
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
@@ -215,9 +231,15 @@ def _expert_gemm_kernel(a_ptr, b_ptr, c_ptr, sorted_ptr, block_expert_ptr, num_p
             b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
             if GATED:
                 b_up = tl.load(b_ptrs + N * stride_bn, mask=k_ok[:, None], other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        if GATED:
-            acc_up = tl.dot(a, b_up, acc_up, input_precision=PRECISION)
+        if FP8:
+            aq, sa = quantize_tile(a, 1, EMULATE)
+            acc += dot_e4m3(aq, b, EMULATE) * sa[:, None] * tl.load(s_ptrs + k * stride_sk)[None, :]
+            if GATED:
+                acc_up += dot_e4m3(aq, b_up, EMULATE) * sa[:, None] * tl.load(s_up_ptrs + k * stride_sk)[None, :]
+        else:
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            if GATED:
+                acc_up = tl.dot(a, b_up, acc_up, input_precision=PRECISION)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
 
@@ -291,10 +313,13 @@ def pick_config(num_tokens: int, top_k: int, w13: torch.Tensor) -> MoEConfig:
 
 
 def expert_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, aligned: tuple[torch.Tensor, ...],
-                rows_per_token: int, config: MoEConfig, weights: torch.Tensor | None = None) -> None:
+                rows_per_token: int, config: MoEConfig, weights: torch.Tensor | None = None,
+                scale: torch.Tensor | None = None, fp8: Fp8Config | None = None) -> None:
     """out[pair] = a[pair // rows_per_token] @ b[expert of pair].T over the aligned pairs; a gated b
-    (2 * out columns rows) gives silu(gate) * up, weights [pairs] scale each pair's row."""
+    (2 * out columns rows) gives silu(gate) * up, weights [pairs] scale each pair's row. An e4m3 b comes
+    with its `scale` [E, ...] and `fp8` settings (config.block_k must be the scale group)."""
     sorted_ids, block_expert, num_padded = aligned
+    stride_sn, stride_sk = scale_strides(scale, fp8) if fp8 else (0, 0)
     n, k = out.shape[1], b.shape[2]
     gated = b.shape[1] == 2 * n
     blocks_m = block_expert.numel()
@@ -305,20 +330,27 @@ def expert_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, aligned: tu
         b.stride(2), out.stride(0), out.stride(1), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, GROUP_M=config.group_m, GATED=gated, WEIGHTED=weights is not None,
         EVEN_K=k % config.block_k == 0, PRECISION="ieee" if a.dtype == torch.float32 else None,
+        s_ptr=scale if fp8 else out, stride_se=scale.stride(0) if fp8 else 0, stride_sn=stride_sn,
+        stride_sk=stride_sk, SCALE_ROWS=fp8.scale_rows if fp8 else 1, FP8=fp8 is not None, EMULATE=EMULATE,
         num_warps=config.num_warps, num_stages=config.num_stages)
 
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                  config: MoEConfig | None = None) -> torch.Tensor:
+                  config: MoEConfig | None = None, scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  fp8: Fp8Config | None = None) -> torch.Tensor:
     """Same result as `experts_torch`: x [T, H], w13 [E, 2 * I, H] (gate rows then up rows), w2 [E, H, I],
-    weights/ids [T, top_k] -> [T, H]. config overrides the table (tests, tuning)."""
+    weights/ids [T, top_k] -> [T, H]; e4m3 experts come with their (w13, w2) `scales` and `fp8` settings.
+    config overrides the table (tests, tuning)."""
     num_tokens, hidden = x.shape
     top_k = ids.shape[1]
     config = config or pick_config(num_tokens, top_k, w13)
+    if fp8:
+        config = replace(config, block_k=fp8.group)
+    scales = scales or (None, None)
     aligned = align(ids, w13.shape[0], config.block_m)
     pairs = num_tokens * top_k
     act = torch.empty(pairs, w2.shape[2], dtype=x.dtype, device=x.device)
-    expert_gemm(x, w13, act, aligned, top_k, config)
+    expert_gemm(x, w13, act, aligned, top_k, config, scale=scales[0], fp8=fp8)
     out = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
-    expert_gemm(act, w2, out, aligned, 1, config, weights.reshape(-1))
+    expert_gemm(act, w2, out, aligned, 1, config, weights.reshape(-1), scale=scales[1], fp8=fp8)
     return out.view(num_tokens, top_k, hidden).sum(dim=1)

@@ -16,15 +16,25 @@ the bias, writes the output and sets the counter back to zero for the next call 
 Atomic adds into a zeroed float32 buffer would need a memset and a cast (two more launches) and vary
 from run to run; a separate reduction pass adds a launch, which at these sizes costs as much as the
 GEMV itself.
+
+FP8 weights (e4m3 with block or per-channel scales, see `minisgl.kernels.fp8`) halve the bytes streamed:
+BLOCK_K is then the scale group; each program quantizes its slice of x per row and group in registers
+and scales each group's product by the activation and weight scales.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
+
+from minisgl.kernels.fp8 import EMULATE, dot_e4m3, quantize_tile, scale_strides
+
+if TYPE_CHECKING:
+    from minisgl.layers.fp8 import Fp8Config
 
 BLOCK_M = 16  # rows of x per program; one compiled kernel serves every M up to it
 GEMV_MAX_M = 8  # the largest decode batch routed here (the CUDA-graph buckets 1, 2, 4, 8)
@@ -35,7 +45,8 @@ TARGET_PROGRAMS = 256  # about two programs per SM of an H100/H200 (132 SMs)
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, M, N, K, k_per_split, split_k,
                  stride_xm, stride_wn, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 s_ptr, stride_sn, stride_sk, SCALE_ROWS: tl.constexpr, FP8: tl.constexpr, EMULATE: tl.constexpr):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
@@ -49,7 +60,12 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, M, N
         in_k = k + kk < k_stop
         w = tl.load(w_ptrs, mask=(n[:, None] < N) & in_k[None, :], other=0.0, eviction_policy="evict_first")
         xt = tl.load(x_ptrs, mask=in_k[:, None] & (m[None, :] < M), other=0.0)
-        acc = tl.dot(w, xt, acc, input_precision=PRECISION)
+        if FP8:  # one scale group per step: k is a multiple of BLOCK_K, the group
+            sw = tl.load(s_ptr + (n // SCALE_ROWS) * stride_sn + k // BLOCK_K * stride_sk, mask=n < N, other=0.0)
+            xq, sx = quantize_tile(xt, 0, EMULATE)
+            acc += dot_e4m3(w, xq, EMULATE) * sw[:, None] * sx[None, :]
+        else:
+            acc = tl.dot(w, xt, acc, input_precision=PRECISION)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
 
@@ -130,10 +146,13 @@ CONFIGS: dict[tuple[int, int], GemvConfig] = {
 }
 
 
-def default_config(n: int, k: int) -> GemvConfig:
-    """Tiles of 32 rows x 256 columns; K is split in powers of two until there are TARGET_PROGRAMS programs
-    or a slice is down to one K tile."""
-    block_n, block_k = 32, 256
+# The same for e4m3 weights (BLOCK_K is the scale group, 128): rows from `benchmarks/fp8.py --sweep`.
+FP8_CONFIGS: dict[tuple[int, int], GemvConfig] = {}
+
+
+def default_config(n: int, k: int, block_n: int = 32, block_k: int = 256) -> GemvConfig:
+    """Tiles of 32 rows x 256 columns (FP8: 128 rows x one scale group, the same 16 KB a step); K is split
+    in powers of two until there are TARGET_PROGRAMS programs or a slice is down to one K tile."""
     tiles, k_tiles = triton.cdiv(n, block_n), triton.cdiv(k, block_k)
     split_k = 1
     while tiles * split_k < TARGET_PROGRAMS and k_tiles >= 2 * split_k:
@@ -163,20 +182,25 @@ def arrival_counters(device: torch.device) -> torch.Tensor:
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
-         config: GemvConfig | None = None) -> torch.Tensor:
+         config: GemvConfig | None = None, scale: torch.Tensor | None = None,
+         fp8: Fp8Config | None = None) -> torch.Tensor:
     """F.linear(x, w, bias) for x [M, K] with M <= 16, w [N, K] with unit stride along K, bias [N]; float32
-    accumulation, output [M, N] in x's dtype. `config` overrides CONFIGS and default_config."""
+    accumulation, output [M, N] in x's dtype. `config` overrides CONFIGS and default_config. An e4m3 w
+    comes with its `scale` and `fp8` settings: the result is then `fp8_linear_torch`'s."""
     m, k = x.shape
     n = w.shape[0]
-    assert w.shape[1] == k and w.stride(1) == 1 and x.dtype == w.dtype, "gemv: x [M, K], w [N, K] of one dtype"
+    assert w.shape[1] == k and w.stride(1) == 1, "gemv: x [M, K], w [N, K] with unit stride along K"
+    assert (x.dtype == w.dtype) == (fp8 is None), "gemv: w of x's dtype, or e4m3 with its scales"
     assert 1 <= m <= BLOCK_M, f"gemv takes 1..{BLOCK_M} rows, got {m}"
-    config = config or CONFIGS.get((n, k)) or default_config(n, k)
+    config = config or (FP8_CONFIGS.get((n, k)) or default_config(n, k, 128, fp8.group) if fp8 else
+                        CONFIGS.get((n, k)) or default_config(n, k))
     x = x if x.stride(1) == 1 else x.contiguous()
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    block_k = min(config.block_k, max(16, triton.next_power_of_2(k)))
+    block_k = fp8.group if fp8 else min(config.block_k, max(16, triton.next_power_of_2(k)))
     k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), block_k) * block_k
     split_k = triton.cdiv(k, k_per_split)  # slices that would be empty after rounding are dropped
     tiles = triton.cdiv(n, config.block_n)
+    stride_sn, stride_sk = scale_strides(scale, fp8) if fp8 else (0, 0)
     split = split_k > 1
     if split:
         assert tiles <= COUNTER_SLOTS, f"gemv: {tiles} N tiles exceed the {COUNTER_SLOTS} split-K counters"
@@ -188,5 +212,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
         x, w, bias if bias is not None else out, out, partial, counters, m, n, k, k_per_split, split_k,
         x.stride(0), w.stride(0), HAS_BIAS=bias is not None, SPLIT=split,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=BLOCK_M, BLOCK_N=config.block_n,
-        BLOCK_K=block_k, num_warps=config.num_warps, num_stages=config.num_stages)
+        BLOCK_K=block_k, s_ptr=scale if fp8 else out, stride_sn=stride_sn, stride_sk=stride_sk,
+        SCALE_ROWS=fp8.scale_rows if fp8 else 1, FP8=fp8 is not None, EMULATE=EMULATE, num_warps=config.num_warps,
+        num_stages=config.num_stages)
     return out

@@ -3,7 +3,8 @@
 Each parameter carries a `weight_loader(param, tensor, shard_id)` that copies this rank's slice of a
 full checkpoint tensor into place; merged layers (QKV, gate/up) take one checkpoint tensor per shard_id.
 All of them (and the LM head) multiply through `linear`, which sends decode-sized batches on a GPU to
-the split-K GEMV kernel.
+the split-K GEMV kernel. With an `Fp8Config` a layer keeps e4m3 weights and their `weight_scale_inv`
+(see `minisgl.layers.fp8`) and multiplies through `fp8_linear`.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from torch import nn
 
 from minisgl.distributed import TPGroup
 from minisgl.kernels import TRITON_AVAILABLE, use_triton
+from minisgl.layers.fp8 import FP8_DTYPE, Fp8Config, fp8_linear_torch, narrow_scale
 
 if TRITON_AVAILABLE:
-    from minisgl.kernels.gemv import gemv, use_gemv
+    from minisgl.kernels.fp8 import fp8_gemm
+    from minisgl.kernels.gemv import BLOCK_M, gemv, use_gemv
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -27,6 +30,34 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, config: Fp8Config,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x W^T (+ b) for e4m3 W: on a GPU the split-K GEMV up to its 16 rows, else the FP8 GEMM; elsewhere
+    their torch reference. On an H100 (benchmarks/fp8.py) qwen3-8b's four projections took 3.3 ms per decode
+    step in the GEMV at 8 rows (its 16-row tile is as fast at 9 to 16: the same weight read) and 5.1 ms in
+    the GEMM at 16 rows."""
+    if use_triton(x) and x.dim() == 2:
+        if x.shape[0] <= BLOCK_M:
+            return gemv(x, weight, bias, scale=scale, fp8=config)
+        return fp8_gemm(x, weight, scale, config, bias)
+    return fp8_linear_torch(x, weight, scale, config, bias)
+
+
+def layer_linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x through a parallel layer's own weight, FP8 (with its scales) or not."""
+    if layer.quant is None:
+        return linear(x, layer.weight, bias)
+    return fp8_linear(x, layer.weight, layer.weight_scale_inv, layer.quant, bias)
+
+
+def fp8_weight(rows: int, cols: int, quant: Fp8Config | None) -> tuple[nn.Parameter, nn.Parameter | None]:
+    """A layer's weight [rows, cols] in the model dtype, or in e4m3 with its float32 `weight_scale_inv`."""
+    if quant is None:
+        return nn.Parameter(torch.empty(rows, cols), requires_grad=False), None
+    return (nn.Parameter(torch.empty(rows, cols, dtype=FP8_DTYPE), requires_grad=False),
+            nn.Parameter(torch.empty(quant.scale_shape(rows, cols), dtype=torch.float32), requires_grad=False))
+
+
 class ColumnParallelLinear(nn.Module):
     """y = x W^T + b where W's output rows are split across ranks; each rank keeps its slice of y.
 
@@ -34,15 +65,19 @@ class ColumnParallelLinear(nn.Module):
     for a plain layer, [gate, up] for a merged MLP projection).
     """
 
-    def __init__(self, in_features: int, out_sizes: list[int], bias: bool, tp: TPGroup, name: str = "linear"):
+    def __init__(self, in_features: int, out_sizes: list[int], bias: bool, tp: TPGroup, name: str = "linear",
+                 quant: Fp8Config | None = None):
         super().__init__()
-        self.tp = tp
+        self.tp, self.quant = tp, quant
         self.local_sizes = [tp.shard(size, f"{name} output size") for size in out_sizes]
-        self.weight = nn.Parameter(torch.empty(sum(self.local_sizes), in_features), requires_grad=False)
+        self.weight, self.weight_scale_inv = fp8_weight(sum(self.local_sizes), in_features, quant)
         self.bias = nn.Parameter(torch.empty(sum(self.local_sizes)), requires_grad=False) if bias else None
         for param in (self.weight, self.bias):
             if param is not None:
                 param.weight_loader, param.num_shards = self.load_shard, len(out_sizes)
+        if quant is not None:
+            self.weight_scale_inv.weight_loader = self.load_scale_shard
+            self.weight_scale_inv.num_shards = len(out_sizes)
 
     def source_range(self, shard_id: int) -> tuple[int, int]:
         """(start, length) of this rank's rows inside checkpoint tensor `shard_id`."""
@@ -54,15 +89,23 @@ class ColumnParallelLinear(nn.Module):
         offset = sum(self.local_sizes[:shard_id])
         check_shape(param, loaded.narrow(0, start, length), param.data.narrow(0, offset, length))
 
+    def load_scale_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int = 0) -> None:
+        start, length = self.source_range(shard_id)
+        unit = self.quant.scale_rows
+        offset = sum(self.local_sizes[:shard_id])
+        check_shape(param, narrow_scale(loaded, 0, start, length, unit),
+                    narrow_scale(param.data, 0, offset, length, unit))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return layer_linear(self, x, self.bias)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
     """The merged q/k/v projection. Query heads are split across ranks; KV heads too when there are at
     least as many as ranks, otherwise each rank keeps a copy of the one KV head its query heads use."""
 
-    def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool, tp: TPGroup):
+    def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool, tp: TPGroup,
+                 quant: Fp8Config | None = None):
         self.num_heads = tp.shard(num_heads, "num_attention_heads")
         if num_kv_heads >= tp.size:
             self.num_kv_heads = tp.shard(num_kv_heads, "num_key_value_heads")
@@ -75,7 +118,7 @@ class QKVParallelLinear(ColumnParallelLinear):
             self.kv_head_start = tp.rank * num_kv_heads // tp.size
         self.head_dim = head_dim
         q, kv = num_heads * head_dim, self.num_kv_heads * head_dim * tp.size
-        super().__init__(hidden, [q, kv, kv], bias, tp, "qkv_proj")
+        super().__init__(hidden, [q, kv, kv], bias, tp, "qkv_proj", quant)
 
     def source_range(self, shard_id: int) -> tuple[int, int]:
         if shard_id == 0:
@@ -86,12 +129,15 @@ class QKVParallelLinear(ColumnParallelLinear):
 class RowParallelLinear(nn.Module):
     """y = x W^T + b where W's input columns are split across ranks; partial sums are all-reduced."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, tp: TPGroup, name: str = "linear"):
+    def __init__(self, in_features: int, out_features: int, bias: bool, tp: TPGroup, name: str = "linear",
+                 quant: Fp8Config | None = None):
         super().__init__()
-        self.tp = tp
+        self.tp, self.quant = tp, quant
         self.local_in = tp.shard(in_features, f"{name} input size")
-        self.weight = nn.Parameter(torch.empty(out_features, self.local_in), requires_grad=False)
+        self.weight, self.weight_scale_inv = fp8_weight(out_features, self.local_in, quant)
         self.weight.weight_loader = self.load_weight
+        if quant is not None:
+            self.weight_scale_inv.weight_loader = self.load_scale
         self.bias = None
         if bias:
             self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)  # whole, added once
@@ -99,8 +145,12 @@ class RowParallelLinear(nn.Module):
     def load_weight(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         check_shape(param, loaded.narrow(1, self.tp.rank * self.local_in, self.local_in), param.data)
 
+    def load_scale(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        unit = self.quant.group if self.quant.block else None
+        check_shape(param, narrow_scale(loaded, 1, self.tp.rank * self.local_in, self.local_in, unit), param.data)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(linear(x, self.weight))
+        y = self.tp.all_reduce(layer_linear(self, x))
         return y + self.bias if self.bias is not None else y
 
 

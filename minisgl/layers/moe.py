@@ -3,7 +3,8 @@
 Experts are tensor-parallel along their intermediate dimension: every rank holds a slice of every
 expert, and the partial outputs are all-reduced, exactly as a row-parallel MLP. On CUDA the experts run
 in the fused Triton kernel (`minisgl.kernels.fused_moe`); `experts_torch` is its reference and the path
-everywhere else.
+everywhere else. FP8 experts (an `Fp8Config`) keep e4m3 weights with `w13_scale_inv`/`w2_scale_inv`,
+laid out as a linear layer's `weight_scale_inv` with a leading expert dimension.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from torch import nn
 
 from minisgl.distributed import TPGroup
 from minisgl.layers.activation import silu_and_mul
+from minisgl.layers.fp8 import FP8_DTYPE, Fp8Config, fp8_linear_torch, narrow_scale
 from minisgl.layers.linear import check_shape
 
 try:
@@ -32,46 +34,71 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[t
 
 
 def experts_torch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                  ids: torch.Tensor) -> torch.Tensor:
+                  ids: torch.Tensor, scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  fp8: Fp8Config | None = None) -> torch.Tensor:
     """Reference: each expert runs on the tokens routed to it; outputs are summed, weighted.
 
-    w13: [E, 2 * I, H] (gate rows then up rows), w2: [E, H, I], weights/ids: [T, top_k].
+    w13: [E, 2 * I, H] (gate rows then up rows), w2: [E, H, I], weights/ids: [T, top_k]; FP8 experts
+    come with `fp8` and their (w13, w2) scales.
     """
     out = torch.zeros_like(x)
     weights = weights.to(x.dtype)
+
+    def expert_linear(a: torch.Tensor, expert: int, which: int) -> torch.Tensor:
+        w = (w13, w2)[which][expert]
+        return F.linear(a, w) if fp8 is None else fp8_linear_torch(a, w, scales[which][expert], fp8)
+
     for expert in range(w13.shape[0]):
         token, slot = torch.where(ids == expert)
         if token.numel() == 0:
             continue
-        h = F.linear(silu_and_mul(F.linear(x[token], w13[expert])), w2[expert])
+        h = expert_linear(silu_and_mul(expert_linear(x[token], expert, 0)), expert, 1)
         out.index_add_(0, token, h * weights[token, slot, None])
     return out
 
 
 class SparseMoE(nn.Module):
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, renormalize: bool,
-                 tp: TPGroup):
+                 tp: TPGroup, quant: Fp8Config | None = None):
         super().__init__()
-        self.tp, self.top_k, self.renormalize = tp, top_k, renormalize
+        self.tp, self.top_k, self.renormalize, self.quant = tp, top_k, renormalize, quant
         self.local_inter = tp.shard(intermediate, "moe_intermediate_size")
         self.gate = nn.Linear(hidden, num_experts, bias=False)  # the router, replicated
         self.gate.weight.requires_grad_(False)
-        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * self.local_inter, hidden), requires_grad=False)
-        self.w2 = nn.Parameter(torch.empty(num_experts, hidden, self.local_inter), requires_grad=False)
-        for param in (self.w13, self.w2):
-            param.weight_loader = self.load_expert
-        self.w13.num_shards, self.w2.num_shards = 2 * num_experts, num_experts
+        dtype = FP8_DTYPE if quant else None
+        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * self.local_inter, hidden, dtype=dtype),
+                                requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden, self.local_inter, dtype=dtype), requires_grad=False)
+        self.w13_scale_inv = self.w2_scale_inv = None
+        if quant:
+            self.w13_scale_inv, self.w2_scale_inv = (
+                nn.Parameter(torch.empty(num_experts, *quant.scale_shape(*w.shape[1:]), dtype=torch.float32),
+                             requires_grad=False) for w in (self.w13, self.w2))
+        for pair in ((self.w13, self.w13_scale_inv), (self.w2, self.w2_scale_inv)):
+            for param in pair:
+                if param is not None:
+                    param.weight_loader = self.load_expert
+                    param.num_shards = num_experts * (2 if pair[0] is self.w13 else 1)
 
     def load_expert(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: tuple[int, int]) -> None:
-        """shard_id = (expert, 0 gate | 1 up | 0 down)."""
+        """shard_id = (expert, 0 gate | 1 up | 0 down); weights or (FP8) their scales."""
         expert, part = shard_id
-        n = self.local_inter
+        n, start = self.local_inter, self.tp.rank * self.local_inter
         if param is self.w13:
-            check_shape(param, loaded.narrow(0, self.tp.rank * n, n), param.data[expert].narrow(0, part * n, n))
+            check_shape(param, loaded.narrow(0, start, n), param.data[expert].narrow(0, part * n, n))
+        elif param is self.w2:
+            check_shape(param, loaded.narrow(1, start, n), param.data[expert])
+        elif param is self.w13_scale_inv:
+            rows = self.quant.scale_rows
+            check_shape(param, narrow_scale(loaded, 0, start, n, rows),
+                        narrow_scale(param.data[expert], 0, part * n, n, rows))
         else:
-            check_shape(param, loaded.narrow(1, self.tp.rank * n, n), param.data[expert])
+            cols = self.quant.group if self.quant.block else None
+            check_shape(param, narrow_scale(loaded, 1, start, n, cols), param.data[expert])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         fused = x.is_cuda and fused_experts is not None
         weights, ids = (route_fused if fused else route)(self.gate(x), self.top_k, self.renormalize)
-        return self.tp.all_reduce((fused_experts if fused else experts_torch)(x, self.w13, self.w2, weights, ids))
+        scales = (self.w13_scale_inv, self.w2_scale_inv) if self.quant else None
+        experts = fused_experts if fused else experts_torch
+        return self.tp.all_reduce(experts(x, self.w13, self.w2, weights, ids, scales=scales, fp8=self.quant))

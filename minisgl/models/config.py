@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from minisgl.layers.fp8 import Fp8Config
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -42,6 +44,13 @@ class ModelConfig:
     norm_topk_prob: bool = True
     decoder_sparse_step: int = 1
     mlp_only_layers: list[int] = field(default_factory=list)
+    # FP8 weights: a checkpoint's block-scaled `quantization_config`, or per-channel from `--quantization fp8`.
+    quantization: Fp8Config | None = None
+
+    def fp8_for(self, module: str) -> Fp8Config | None:
+        """The FP8 settings of the linear layer (or experts) named `module`, None where it stays unquantized."""
+        q = self.quantization
+        return q if q is not None and q.covers(module) else None
 
     def is_moe_layer(self, layer: int) -> bool:
         return (self.num_experts > 0 and layer not in self.mlp_only_layers
@@ -83,6 +92,7 @@ class ModelConfig:
             norm_topk_prob=raw.get("norm_topk_prob", True),
             decoder_sparse_step=raw.get("decoder_sparse_step", 1),
             mlp_only_layers=list(raw.get("mlp_only_layers") or []),
+            quantization=Fp8Config.from_hf(raw.get("quantization_config")),
         )
 
     @classmethod

@@ -24,6 +24,7 @@ from minisgl.layers import (
     VocabParallelEmbedding,
     silu_and_mul,
 )
+from minisgl.layers.fp8 import Fp8Config
 from minisgl.layers.moe import SparseMoE
 from minisgl.models.config import ModelConfig
 
@@ -35,10 +36,11 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer_id: int, tp: TPGroup):
         super().__init__()
         self.layer_id = layer_id
-        d = config.head_dim
+        d, prefix = config.head_dim, f"model.layers.{layer_id}.self_attn."
         self.qkv_proj = QKVParallelLinear(config.hidden_size, d, config.num_heads, config.num_kv_heads,
-                                          config.qkv_bias, tp)
-        self.o_proj = RowParallelLinear(config.num_heads * d, config.hidden_size, config.o_proj_bias, tp, "o_proj")
+                                          config.qkv_bias, tp, config.fp8_for(prefix + "q_proj"))
+        self.o_proj = RowParallelLinear(config.num_heads * d, config.hidden_size, config.o_proj_bias, tp, "o_proj",
+                                        config.fp8_for(prefix + "o_proj"))
         self.q_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
         self.heads, self.kv_heads, self.head_dim = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, d
@@ -52,10 +54,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, tp: TPGroup):
+    def __init__(self, hidden: int, intermediate: int, tp: TPGroup, quant: Fp8Config | None = None):
         super().__init__()
-        self.gate_up_proj = ColumnParallelLinear(hidden, [intermediate, intermediate], False, tp, "gate_up_proj")
-        self.down_proj = RowParallelLinear(intermediate, hidden, False, tp, "down_proj")
+        self.gate_up_proj = ColumnParallelLinear(hidden, [intermediate, intermediate], False, tp, "gate_up_proj",
+                                                 quant)
+        self.down_proj = RowParallelLinear(intermediate, hidden, False, tp, "down_proj", quant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
@@ -65,11 +68,13 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_id: int, tp: TPGroup):
         super().__init__()
         self.self_attn = Attention(config, layer_id, tp)
+        mlp = f"model.layers.{layer_id}.mlp."
         if config.is_moe_layer(layer_id):
             self.mlp = SparseMoE(config.hidden_size, config.moe_intermediate_size, config.num_experts,
-                                 config.num_experts_per_tok, config.norm_topk_prob, tp)
+                                 config.num_experts_per_tok, config.norm_topk_prob, tp,
+                                 config.fp8_for(mlp + "experts"))
         else:
-            self.mlp = MLP(config.hidden_size, config.intermediate_size, tp)
+            self.mlp = MLP(config.hidden_size, config.intermediate_size, tp, config.fp8_for(mlp + "gate_proj"))
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -101,12 +106,15 @@ class DecoderModel(nn.Module):
 
 
 # checkpoint name pattern -> (parameter name replacement, shard id builder)
+# (FP8 checkpoints store each weight's scales next to it as `weight_scale_inv`.)
 _MERGED = [
-    (re.compile(r"\.experts\.(\d+)\.(gate|up)_proj\.weight$"),
-     lambda m: (".w13", (int(m[1]), 0 if m[2] == "gate" else 1))),
-    (re.compile(r"\.experts\.(\d+)\.down_proj\.weight$"), lambda m: (".w2", (int(m[1]), 0))),
-    (re.compile(r"\.([qkv])_proj\.(weight|bias)$"), lambda m: (f".qkv_proj.{m[2]}", "qkv".index(m[1]))),
-    (re.compile(r"\.(gate|up)_proj\.weight$"), lambda m: (".gate_up_proj.weight", 0 if m[1] == "gate" else 1)),
+    (re.compile(r"\.experts\.(\d+)\.(gate|up)_proj\.weight(_scale_inv)?$"),
+     lambda m: (f".w13{m[3] or ''}", (int(m[1]), 0 if m[2] == "gate" else 1))),
+    (re.compile(r"\.experts\.(\d+)\.down_proj\.weight(_scale_inv)?$"), lambda m: (f".w2{m[2] or ''}", (int(m[1]), 0))),
+    (re.compile(r"\.([qkv])_proj\.(weight|bias|weight_scale_inv)$"),
+     lambda m: (f".qkv_proj.{m[2]}", "qkv".index(m[1]))),
+    (re.compile(r"\.(gate|up)_proj\.(weight|weight_scale_inv)$"),
+     lambda m: (f".gate_up_proj.{m[2]}", 0 if m[1] == "gate" else 1)),
 ]
 
 

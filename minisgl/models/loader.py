@@ -4,6 +4,10 @@ Tensors are read one at a time from each safetensors file and copied (this rank'
 parameters that already live on the device, so peak host memory is about one tensor, not the model.
 Dummy weights (benchmarks) take the same path: full tensors drawn on the device one at a time, so a
 rank's shard is exactly the slice a TP=1 engine has.
+
+FP8: a checkpoint's e4m3 weights and their `weight_scale_inv` are copied as they are; a weight in another
+dtype bound for an FP8 parameter (a bf16 checkpoint under `--quantization fp8`, or dummy weights) is
+quantized on the device, whole, before it is sliced, so that every TP size gets the same scales.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 from safetensors import safe_open
 
 from minisgl.distributed import TPGroup
+from minisgl.layers.fp8 import FP8_DTYPE, Fp8Config, quantize_weight
 from minisgl.models.config import DTYPES, ModelConfig
 from minisgl.models.decoder import CausalLM
 
@@ -104,6 +109,14 @@ class WeightSink:
         param = self.params.get(param_name)
         if param is None:
             raise ModelLoadError(f"unexpected tensor {name!r} in {source}: the model has no parameter {param_name!r}")
+        if (tensor.dtype == FP8_DTYPE) != (param.dtype == FP8_DTYPE):
+            if tensor.dtype == FP8_DTYPE or not name.endswith(".weight"):
+                raise ModelLoadError(f"tensor {name!r} in {source} is {tensor.dtype} but parameter {param_name!r} "
+                                     f"is {param.dtype}: the checkpoint's quantization_config does not match it")
+            weight, scale = quantize_weight(tensor.to(param.device), self.model.config.quantization)
+            self.put(name, weight, source)
+            self.put(name + "_scale_inv", scale, source)
+            return
         loader = getattr(param, "weight_loader", None)
         try:
             if loader is None:
@@ -194,11 +207,22 @@ def init_dummy_weights(model: CausalLM, seed: int = 0) -> None:
     sink.check_complete("the dummy weights")
 
 
+def resolve_quantization(name: str | None, config: ModelConfig) -> Fp8Config | None:
+    """`--quantization`: None keeps the checkpoint's own (FP8 or none); "fp8" also quantizes a bf16
+    checkpoint, per channel, at load."""
+    if name is None or config.quantization is not None:
+        return config.quantization
+    if name != "fp8":
+        raise ValueError(f"quantization must be 'fp8', got {name!r}")
+    return Fp8Config()
+
+
 def load_model(path: str | Path, tp: TPGroup, device: torch.device, dtype: str | torch.dtype = "auto",
-               dummy: bool = False) -> CausalLM:
+               dummy: bool = False, quantization: str | None = None) -> CausalLM:
     path = Path(path)
     config = ModelConfig.from_dir(path)
     config.dtype = resolve_dtype(dtype, config)
+    config.quantization = resolve_quantization(quantization, config)
     model = build_model(config, tp, device)
     if dummy:
         init_dummy_weights(model)

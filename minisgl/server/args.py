@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--dummy-weight", action="store_true", help="random weights from config.json (benchmarks)")
     model.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                        help="SGLang spelling: 'dummy' equals --dummy-weight")
+    model.add_argument("--quantization", "-q", choices=["fp8"], default=None,
+                       help="fp8: quantize a bf16 checkpoint's linear layers and experts to FP8 (e4m3, one scale per "
+                            "output channel) at load; FP8 checkpoints (block-scaled) need no flag")
     model.add_argument("--skip-tokenizer-init", action="store_true",
                        help="serve without a tokenizer: prompts and outputs are token ids (/v1/completions only)")
     model.add_argument("--demo", action="store_true",
@@ -239,7 +242,8 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
             max_seq_len=a.max_seq_len, memory_ratio=a.memory_ratio,
             dummy_weights=a.dummy_weight or a.load_format == "dummy",
             cuda_graph_max_bs=0 if a.enforce_eager else a.cuda_graph_max_bs,
-            overlap_schedule=not a.disable_overlap_schedule, kv_cache_dtype=a.kv_cache_dtype)
+            overlap_schedule=not a.disable_overlap_schedule, kv_cache_dtype=a.kv_cache_dtype,
+            quantization=a.quantization)
     except ValueError as exc:
         parser.error(str(exc))
     return ServerArgs(engine, a.host, a.port, a.served_model_name or a.model, a.api_key, a.max_queued_requests,

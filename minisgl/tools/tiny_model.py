@@ -1,7 +1,11 @@
 """Write a tiny random-weight Hugging Face checkpoint (tokenizer, config, safetensors) with no network.
 
 Tests use it as the oracle's model and the README uses it for a first run on a CPU machine.
-Usage: python -m minisgl.tools.tiny_model OUT_DIR --arch qwen3 [--seed 0] [--max-shard-size 200KB]
+Usage: python -m minisgl.tools.tiny_model OUT_DIR --arch qwen3 [--seed 0] [--max-shard-size 200KB] [--fp8 32]
+
+--fp8 B writes the layout of the Hugging Face FP8 checkpoints (Qwen/Qwen3-8B-FP8) with B x B weight blocks:
+e4m3 projection weights, float32 `weight_scale_inv` per block, everything else in the model dtype, and
+the `quantization_config` that marks them.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import math
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
@@ -23,6 +28,8 @@ from transformers import (
     Qwen3Config,
     Qwen3MoeConfig,
 )
+
+from minisgl.layers.fp8 import Fp8Config, quantize_weight
 
 ARCHS: dict[str, type[PretrainedConfig]] = {
     "llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config, "qwen3_moe": Qwen3MoeConfig,
@@ -158,8 +165,9 @@ def reinit_weights(model: torch.nn.Module) -> None:
 
 def make_tiny_model(out_dir: str | Path, arch: str = "qwen3", seed: int = 0,
                     max_shard_size: str | None = None, chat_template: str = CHAT_TEMPLATE,
-                    **config_overrides) -> Path:
-    """Write a loadable tiny checkpoint to out_dir; the same arguments always give the same files."""
+                    fp8_block: int | None = None, **config_overrides) -> Path:
+    """Write a loadable tiny checkpoint to out_dir; the same arguments always give the same files.
+    fp8_block: quantize its projections to FP8 with blocks of fp8_block x fp8_block weights."""
     out = Path(out_dir)
     tokenizer = train_tokenizer(chat_template)
     config = build_config(arch, tokenizer, **config_overrides)
@@ -173,7 +181,35 @@ def make_tiny_model(out_dir: str | Path, arch: str = "qwen3", seed: int = 0,
     model.save_pretrained(out, **save_kwargs)
     tokenizer.save_pretrained(out)
     _spell_num_experts(out / "config.json")
+    if fp8_block:
+        quantize_checkpoint(out, fp8_block)
     return out
+
+
+FP8_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def quantize_checkpoint(path: Path, block: int) -> None:
+    """Rewrite a checkpoint in place as the Hugging Face FP8 ones are: each projection's weight in e4m3
+    with its float32 `weight_scale_inv` [ceil(N / block), ceil(K / block)] beside it, and the
+    `quantization_config` in config.json. Embeddings, norms, the router and the LM head stay as they are."""
+    config = Fp8Config(block=(block, block))
+    index = path / "model.safetensors.index.json"
+    weight_map = json.loads(index.read_text())["weight_map"] if index.exists() else None
+    for file in sorted(path.glob("*.safetensors")):
+        tensors = load_file(file)
+        for name in [n for n in tensors if n.rsplit(".", 2)[-2] in FP8_PROJECTIONS and n.endswith(".weight")]:
+            tensors[name], tensors[name + "_scale_inv"] = quantize_weight(tensors[name], config)
+            if weight_map is not None:
+                weight_map[name + "_scale_inv"] = file.name
+        save_file(tensors, file, metadata={"format": "pt"})
+    if weight_map is not None:
+        raw = json.loads(index.read_text())
+        index.write_text(json.dumps({**raw, "weight_map": dict(sorted(weight_map.items()))}, indent=2) + "\n")
+    raw = json.loads((path / "config.json").read_text())
+    raw["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                  "weight_block_size": [block, block]}
+    (path / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
 
 
 def _spell_num_experts(path: Path) -> None:
@@ -190,8 +226,10 @@ def main() -> None:
     parser.add_argument("--arch", choices=sorted(ARCHS), default="qwen3")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-shard-size", default=None, help='e.g. "200KB" to split the weights')
+    parser.add_argument("--fp8", type=int, default=None, metavar="BLOCK",
+                        help="write an FP8 checkpoint (Hugging Face layout) with BLOCK x BLOCK weight scales")
     args = parser.parse_args()
-    print(make_tiny_model(args.out_dir, args.arch, args.seed, args.max_shard_size))
+    print(make_tiny_model(args.out_dir, args.arch, args.seed, args.max_shard_size, fp8_block=args.fp8))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,113 @@
+"""The FP8 kernels (GEMM, decode GEMV, fused experts) against their torch reference, `fp8_linear_torch`
+and `experts_torch` with FP8 experts.
+
+On the CPU they run in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1) at small shapes with
+tails in N and K, float32 activations; with MINISGL_TEST_DEVICE=cuda, compiled, in bfloat16 at qwen3-8b's
+and qwen3-30b-a3b's shapes with 128 x 128 blocks.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from minisgl.kernels.fp8 import Fp8GemmConfig, fp8_gemm
+from minisgl.kernels.fused_moe import MoEConfig, fused_experts
+from minisgl.kernels.gemv import GemvConfig, gemv
+from minisgl.layers.fp8 import Fp8Config, fp8_linear_torch, quantize_weight
+from minisgl.layers.moe import experts_torch, route
+
+DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
+ON_GPU = DEVICE == "cuda"
+DTYPE = torch.bfloat16 if ON_GPU else torch.float32
+# The kernels and the reference round the same activations to the same e4m3 values and sum exact products
+# in float32; what differs is the order of the sums (and on the GPU an approximate division that can move
+# a value to the neighbouring e4m3 one: 4 of 524,288 experts outputs moved by 0.027) plus one rounding of
+# the output to its dtype.
+TOL = dict(rtol=2e-2, atol=5e-2) if ON_GPU else dict(rtol=1e-4, atol=1e-4)
+SMALL = {"block16x32": Fp8Config(block=(16, 32)), "per_channel": Fp8Config()}
+BLOCK128 = Fp8Config(block=(128, 128))
+# (N, K) of qwen3-8b's decode projections (qkv, o, gate_up, down) at TP 1.
+GPU_SHAPES = [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)]
+
+
+def operands(m: int, n: int, k: int, config: Fp8Config, bias: bool = False, seed: int = 0):
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    x = torch.randn(m, k, generator=gen, device=DEVICE).to(DTYPE)
+    w, scale = quantize_weight(torch.randn(n, k, generator=gen, device=DEVICE) / k**0.5, config)
+    b = torch.randn(n, generator=gen, device=DEVICE).to(DTYPE) if bias else None
+    return x, w, scale, b
+
+
+def check_linear(kernel, m: int, n: int, k: int, config: Fp8Config, bias: bool = False) -> None:
+    x, w, scale, b = operands(m, n, k, config, bias, seed=m + n + k)
+    out = kernel(x, w, scale, config, b)
+    assert out.shape == (m, n) and out.dtype == DTYPE
+    torch.testing.assert_close(out.float().cpu(), fp8_linear_torch(x, w, scale, config, b).float().cpu(), **TOL)
+
+
+def gemv_fp8(config: GemvConfig | None):
+    return lambda x, w, scale, fp8, b: gemv(x, w, b, config, scale=scale, fp8=fp8)
+
+
+@pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
+@pytest.mark.parametrize("scales", list(SMALL))
+@pytest.mark.parametrize("m", [1, 5, 40])
+def test_fp8_gemm_small(scales, m):
+    """N = 50 and K = 300: tails in both, a partial last scale group, two row tiles at M = 40."""
+    tiles = Fp8GemmConfig(block_m=32, block_n=16)
+    check_linear(lambda x, w, s, c, b: fp8_gemm(x, w, s, c, b, tiles), m, 50, 300, SMALL[scales], bias=m == 5)
+
+
+@pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
+@pytest.mark.parametrize("split_k", [1, 4, None], ids=["whole", "split4", "default"])
+@pytest.mark.parametrize("scales", list(SMALL))
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_fp8_gemv_small(scales, m, split_k):
+    config = GemvConfig(block_n=16, block_k=32, split_k=split_k) if split_k else None
+    check_linear(gemv_fp8(config), m, 50, 300, SMALL[scales], bias=m == 3)
+
+
+@pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
+@pytest.mark.parametrize("scales", list(SMALL))
+@pytest.mark.parametrize("tokens", [1, 9])
+def test_fp8_fused_experts_small(scales, tokens):
+    """8 experts, top 2, hidden 64, intermediate 48 (not a multiple of the 32-column group)."""
+    check_experts(tokens, 8, 2, 64, 48, SMALL[scales], MoEConfig(block_m=16, block_n=16, block_k=32, group_m=1,
+                                                                  num_warps=4, num_stages=1))
+
+
+def check_experts(tokens: int, experts: int, top_k: int, hidden: int, inter: int, config: Fp8Config,
+                  tiles: MoEConfig | None) -> None:
+    gen = torch.Generator(device=DEVICE).manual_seed(tokens)
+    x = torch.randn(tokens, hidden, generator=gen, device=DEVICE).to(DTYPE)
+    w13, s13 = zip(*(quantize_weight(torch.randn(2 * inter, hidden, generator=gen, device=DEVICE) / hidden**0.5,
+                                     config) for _ in range(experts)))
+    w2, s2 = zip(*(quantize_weight(torch.randn(hidden, inter, generator=gen, device=DEVICE) / inter**0.5, config)
+                   for _ in range(experts)))
+    w13, s13, w2, s2 = (torch.stack(t) for t in (w13, s13, w2, s2))
+    weights, ids = route(torch.randn(tokens, experts, generator=gen, device=DEVICE), top_k, True)
+    out = fused_experts(x, w13, w2, weights, ids.to(torch.int32), tiles, scales=(s13, s2), fp8=config)
+    ref = experts_torch(x, w13, w2, weights, ids, scales=(s13, s2), fp8=config)
+    torch.testing.assert_close(out.float().cpu(), ref.float().cpu(), **TOL)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="full-size shapes: GPU only")
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+@pytest.mark.parametrize("m", [1, 8, 64, 512])
+def test_fp8_linear_full_size(shape, m):
+    if m <= 8:
+        check_linear(gemv_fp8(None), m, *shape, BLOCK128)
+        check_linear(gemv_fp8(None), m, *shape, Fp8Config())
+    else:
+        check_linear(fp8_gemm, m, *shape, BLOCK128)
+        check_linear(fp8_gemm, m, *shape, Fp8Config())
+
+
+@pytest.mark.skipif(not ON_GPU, reason="full-size shapes: GPU only")
+@pytest.mark.parametrize("tokens", [1, 8, 256])
+def test_fp8_fused_experts_full_size(tokens):
+    """qwen3-30b-a3b's experts at TP 1: 128 experts, top 8, hidden 2048, intermediate 768."""
+    check_experts(tokens, 128, 8, 2048, 768, BLOCK128, None)
