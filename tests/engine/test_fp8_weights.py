@@ -100,7 +100,6 @@ def dequantized_copy(src: str, dst) -> str:
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
 def test_fp8_checkpoint_matches_transformers(fp8_models, arch):
-    pytest.importorskip("accelerate")  # transformers' FP8 loader needs it
     path = fp8_models[arch]
     engine = llm(path)
     params = dict(engine.engine.model.named_parameters())
@@ -113,7 +112,6 @@ def test_fp8_checkpoint_matches_transformers(fp8_models, arch):
 
 def test_fp8_without_activation_rounding_equals_transformers(fp8_models, monkeypatch):
     """The weights (layout, scales, merged and sharded slices) are exactly transformers' dequantized ones."""
-    pytest.importorskip("accelerate")
     path = fp8_models["qwen3_moe"]
     monkeypatch.setattr(fp8, "quantize_activation", lambda x, group: (
         x.float(), torch.ones(x.shape[0], math.ceil(x.shape[1] / group), device=x.device)))
