@@ -22,19 +22,19 @@ import zmq.asyncio
 
 from minisgl.core import Req, SamplingParams
 from minisgl.scheduler import AbortReq, AddReq
+from minisgl.server.errors import ApiError
 from minisgl.server.ipc import DetokRegister, IpcPaths, Ready, StatsReply, StatsRequest, TextOutput, inbox, outbox
 from minisgl.server.metrics import Metrics
 
 logger = logging.getLogger("minisgl.api")
 
 
-class RequestFailed(Exception):
+class RequestFailed(ApiError):
     """The engine could not finish a sequence: a fault isolated to it (500) or the server shutting down
     (503). Its client gets this error; every other request goes on."""
 
     def __init__(self, message: str, status: int = 500):
-        super().__init__(message)
-        self.message, self.status = message, status
+        super().__init__(status, message)
 
 
 class Sequence:
