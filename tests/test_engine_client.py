@@ -17,13 +17,13 @@ import uvicorn
 import zmq
 import zmq.asyncio
 
-from minisgl.core import Req
+from minisgl.core import Req, SamplingParams
 from minisgl.distributed import free_port
 from minisgl.scheduler import AbortReq, AddReq
 from minisgl.server.api import build_app
 from minisgl.server.args import parse_args
 from minisgl.server.detokenizer_worker import run_detokenizer
-from minisgl.server.engine_client import EngineClient
+from minisgl.server.engine_client import EngineClient, RequestFailed
 from minisgl.server.ipc import IpcPaths, Ready, ReqOutput, StatsReply, TextOutput, inbox, outbox
 from minisgl.server.metrics import Metrics
 from minisgl.server.state import ServerState
@@ -63,6 +63,34 @@ def test_stats_reply_reaches_its_waiter():
         responder = asyncio.create_task(answer())
         assert await client.stats(timeout=5) == {"free_pages": 7}
         await responder
+        router.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_failing_all_at_shutdown_puts_the_error_before_any_unread_output():
+    """Past --shutdown-timeout every sequence fails: its client's next read is the error, not the backlog of
+    outputs it had not read yet (a stream sending that first could be cut by the server's exit, error-less)."""
+    async def scenario() -> None:
+        ipc = IpcPaths.new()
+        client = EngineClient(ipc, Metrics("m"))
+        router = asyncio.create_task(client.run())
+        scheduler = inbox(zmq.Context.instance(), ipc.scheduler)
+        push = outbox(zmq.Context.instance(), ipc.api)
+        client.admit(1, None)
+        seq = client.submit([1, 2, 3], SamplingParams(max_tokens=100), [], 0)
+        push.send_pyobj([TextOutput(seq.rid, "x", [7], [], None, 3, 0) for _ in range(50)])
+        deadline = time.monotonic() + 10
+        while seq.outputs.qsize() < 50:  # the backlog: 50 outputs nobody has read
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        client.fail_all("the server is shutting down", 503)
+        with pytest.raises(RequestFailed) as failed:
+            async for _ in client.stream(seq):
+                raise AssertionError("an unread output came before the error")
+        assert (failed.value.status, failed.value.message) == (503, "the server is shutting down")
+        assert client.in_flight == 0
+        scheduler.close(linger=0)
         router.cancel()
 
     asyncio.run(scenario())

@@ -128,11 +128,15 @@ class EngineClient:
                 self.to_scheduler.send_pyobj(AbortReq(seq.rid))
 
     def fail_all(self, message: str, status: int) -> None:
-        """End every sequence now with an error to its client (shutdown past its timeout)."""
+        """End every sequence now with an error to its client (shutdown past its timeout). Outputs its client
+        has not read yet are dropped: the error is next, so that a stream gets it before the server stops (a
+        backlog sent first could outlast the server's grace period and leave the stream cut with no error)."""
         for seq in list(self.sequences.values()):
             self.to_scheduler.send_pyobj(AbortReq(seq.rid))
             seq.finish_reason = "abort"
             self._close(seq)
+            while not seq.outputs.empty():
+                seq.outputs.get_nowait()
             seq.outputs.put_nowait(RequestFailed(message, status))
 
     # ---- routing ---------------------------------------------------------------------------------
