@@ -17,14 +17,14 @@ import uvicorn
 import zmq
 import zmq.asyncio
 
-from minisgl.core import Req
+from minisgl.core import Req, SamplingParams
 from minisgl.distributed import free_port
-from minisgl.scheduler import AddReq
+from minisgl.scheduler import AbortReq, AddReq
 from minisgl.server.api import build_app
 from minisgl.server.args import parse_args
 from minisgl.server.detokenizer_worker import run_detokenizer
-from minisgl.server.engine_client import EngineClient
-from minisgl.server.ipc import IpcPaths, Ready, ReqOutput, StatsReply, inbox, outbox
+from minisgl.server.engine_client import EngineClient, RequestFailed
+from minisgl.server.ipc import IpcPaths, Ready, ReqOutput, StatsReply, TextOutput, inbox, outbox
 from minisgl.server.metrics import Metrics
 from minisgl.server.state import ServerState
 
@@ -63,6 +63,34 @@ def test_stats_reply_reaches_its_waiter():
         responder = asyncio.create_task(answer())
         assert await client.stats(timeout=5) == {"free_pages": 7}
         await responder
+        router.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_failing_all_at_shutdown_puts_the_error_before_any_unread_output():
+    """Past --shutdown-timeout every sequence fails: its client's next read is the error, not the backlog of
+    outputs it had not read yet (a stream sending that first could be cut by the server's exit, error-less)."""
+    async def scenario() -> None:
+        ipc = IpcPaths.new()
+        client = EngineClient(ipc, Metrics("m"))
+        router = asyncio.create_task(client.run())
+        scheduler = inbox(zmq.Context.instance(), ipc.scheduler)
+        push = outbox(zmq.Context.instance(), ipc.api)
+        client.admit(1, None)
+        seq = client.submit([1, 2, 3], SamplingParams(max_tokens=100), [], 0)
+        push.send_pyobj([TextOutput(seq.rid, "x", [7], [], None, 3, 0) for _ in range(50)])
+        deadline = time.monotonic() + 10
+        while seq.outputs.qsize() < 50:  # the backlog: 50 outputs nobody has read
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        client.fail_all("the server is shutting down", 503)
+        with pytest.raises(RequestFailed) as failed:
+            async for _ in client.stream(seq):
+                raise AssertionError("an unread output came before the error")
+        assert (failed.value.status, failed.value.message) == (503, "the server is shutting down")
+        assert client.in_flight == 0
+        scheduler.close(linger=0)
         router.cancel()
 
     asyncio.run(scenario())
@@ -149,7 +177,7 @@ def test_a_failed_request_answers_500_and_the_others_finish(stand_in):
                 outcomes.append(exc.body)
     failed = [o for o in outcomes if isinstance(o, dict)]
     assert sorted(o for o in outcomes if isinstance(o, str)) == ["length", "length"]
-    assert failed == [{"message": "sampler fault: NaN in the logits", "type": "internal_server_error",
+    assert failed == [{"message": "sampler fault: NaN in the logits", "type": "server_error",
                        "param": None, "code": None}]
     assert stand_in.state.client.in_flight == 0 and stand_in.state.client.queued == 0
 
@@ -164,7 +192,7 @@ def test_a_failed_stream_ends_with_an_error_event_then_done(stand_in):
     assert resp.status_code == 200
     assert json.loads(events[1])["choices"][0]["delta"]["content"] == "Hello"
     assert json.loads(events[-2]) == {"error": {"message": "engine fault in this request",
-                                                "type": "internal_server_error", "param": None, "code": None}}
+                                                "type": "server_error", "param": None, "code": None}}
     assert events[-1] == "[DONE]"
     # the server goes on serving
     call = concurrent.futures.ThreadPoolExecutor(1).submit(
@@ -172,3 +200,34 @@ def test_a_failed_stream_ends_with_an_error_event_then_done(stand_in):
         timeout=30)
     stand_in.emit(stand_in.next_request(), [7], "length")
     assert call.result().json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_bug_mid_stream_ends_a_responses_stream_with_response_failed(stand_in):
+    """Not only a failed sequence: any exception while a /v1/responses stream runs (here the api is sent an
+    output its code cannot add up) ends it with `response.failed`, carrying the 500 error type every other
+    error body has; the response is stored as failed."""
+    body = {"model": "tiny", "input": "hi", "max_output_tokens": 5, "stream": True}
+    with httpx.stream("POST", f"{stand_in.url}/v1/responses", json=body, timeout=30) as resp:
+        req = stand_in.next_request()
+        stand_in.emit(req, stand_in.tokenizer("Hello", add_special_tokens=False)["input_ids"])
+        events = []
+        for line in resp.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[len("data: "):]))
+                if events[-1]["type"] == "response.output_text.delta":  # "Hello" is out: now the bad output
+                    stand_in.to_api.send_pyobj([TextOutput(req.rid, None, [], [], None, len(req.prompt_ids), 0)])
+    assert resp.status_code == 200
+    assert [e["delta"] for e in events if e["type"] == "response.output_text.delta"] == ["Hello"]
+    failed = events[-1]
+    assert failed["type"] == "response.failed"
+    assert failed["response"]["error"] == {"code": "server_error", "message": "internal error: TypeError"}
+    stored = httpx.get(f"{stand_in.url}/v1/responses/{failed['response']['id']}", timeout=30).json()
+    assert stored["status"] == "failed"
+    assert stand_in.inbox.poll(30_000)
+    abort = stand_in.inbox.recv_pyobj()  # the sequence is aborted (its KV pages freed) ...
+    assert isinstance(abort, AbortReq) and abort.rid == req.rid
+    stand_in.emit(req, [], "abort")  # ... as the scheduler confirms
+    deadline = time.monotonic() + 30
+    while stand_in.state.client.in_flight and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stand_in.state.client.in_flight == 0

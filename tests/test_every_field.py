@@ -13,9 +13,9 @@ import pytest
 from server_utils import Server
 from template_models import with_bos_token, with_chat_template
 
-from minisgl.server.routes.chat import ChatCompletionRequest
-from minisgl.server.routes.completions import CompletionRequest
-from minisgl.server.routes.responses import ResponsesRequest
+from minisgl.server.schemas.chat import ChatCompletionRequest
+from minisgl.server.schemas.completions import CompletionRequest
+from minisgl.server.schemas.responses import ResponsesRequest
 
 CHAT = [{"role": "user", "content": "Tell me a story about a robot."}]
 PROMPT = "Once upon a time"

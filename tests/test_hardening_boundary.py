@@ -13,11 +13,13 @@ from pydantic import ValidationError
 from transformers import AutoTokenizer
 
 from minisgl import SamplingParams
-from minisgl.server.boundary import Conversation, GenerateRequest, ModelLimits, prepare
+from minisgl.server.boundary import CheckedRequest, ModelLimits, prepare
 from minisgl.server.errors import ApiError, field_path
-from minisgl.server.routes.chat import ChatCompletionRequest
-from minisgl.server.routes.completions import CompletionRequest
-from minisgl.server.text import TextCodec
+from minisgl.server.routes.chat import chat_plan
+from minisgl.server.routes.completions import completion_plan
+from minisgl.server.schemas.chat import ChatCompletionRequest
+from minisgl.server.schemas.completions import CompletionRequest
+from minisgl.server.text import Conversation, TextCodec
 
 LIMITS = ModelLimits(vocab_size=512, max_seq_len=64, kv_capacity=4096)
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -29,15 +31,14 @@ def codec(tiny_models) -> TextCodec:
     return TextCodec(AutoTokenizer.from_pretrained(tiny_models["qwen3"]))
 
 
-def run(codec: TextCodec, body: dict, limits: ModelLimits = LIMITS) -> GenerateRequest:
+def run(codec: TextCodec, body: dict, limits: ModelLimits = LIMITS) -> CheckedRequest:
     """What the server does with a JSON body: parse it with the route's model, then the boundary."""
     if "messages" in body:
         req = ChatCompletionRequest.model_validate(body)
-        prompt = Conversation([{"role": m.role, "content": m.text()} for m in req.messages])
+        plan = chat_plan(req, None, Conversation([{"role": m.role, "content": m.text()} for m in req.messages]))
     else:
-        req = CompletionRequest.model_validate(body)
-        prompt = req.prompts()
-    return asyncio.run(prepare(codec, limits, req, prompt))
+        plan = completion_plan(CompletionRequest.model_validate(body))
+    return asyncio.run(prepare(codec, limits, plan))
 
 
 def refusal(codec: TextCodec, body: dict, limits: ModelLimits = LIMITS) -> ApiError:

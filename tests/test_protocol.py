@@ -9,8 +9,9 @@ from pydantic import ValidationError
 
 from minisgl.server.errors import ApiError, field_path
 from minisgl.server.ipc import Alternative, LogprobEntry
-from minisgl.server.protocol import PromptTokensDetails, Usage, chat_logprobs, completion_logprobs
-from minisgl.server.routes.chat import (
+from minisgl.server.routes.chat import chat_prompt
+from minisgl.server.routes.models import ModelCard, ModelList
+from minisgl.server.schemas.chat import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -19,9 +20,10 @@ from minisgl.server.routes.chat import (
     ChatResponseMessage,
     DeltaMessage,
 )
-from minisgl.server.routes.completions import CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse
-from minisgl.server.routes.models import ModelCard, ModelList
-from minisgl.server.routes.tokenize import DetokenizeRequest
+from minisgl.server.schemas.completions import CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse
+from minisgl.server.schemas.logprobs import chat_logprobs, completion_logprobs
+from minisgl.server.schemas.tokenize import DetokenizeRequest
+from minisgl.server.schemas.types import PromptTokensDetails, Usage
 
 
 def chat(**fields) -> ChatCompletionRequest:
@@ -66,7 +68,8 @@ def test_chat_image_part_refused_by_name():
 
 def test_chat_schema_errors_name_the_field():
     with pytest.raises(ApiError) as empty:  # the schema lets it through for vLLM's prompt_token_ids
-        chat(messages=[]).prompt(None)
+        body = chat(messages=[])
+        chat_prompt(body, None, body.messages)
     assert empty.value.param == "messages"
     assert refused_field(chat, messages=[{"role": "", "content": "x"}]) == "messages"
     with pytest.raises(ValidationError) as e:
@@ -245,7 +248,7 @@ def test_models_and_errors():
     assert ApiError(400, "bad n", param="n", code="x").body() == {
         "error": {"message": "bad n", "type": "invalid_request_error", "param": "n", "code": "x"}}
     assert ApiError(503, "busy").body()["error"]["type"] == "service_unavailable"
-    assert ApiError(500, "oops").body()["error"] == {"message": "oops", "type": "internal_server_error",
+    assert ApiError(500, "oops").body()["error"] == {"message": "oops", "type": "server_error",
                                                      "param": None, "code": None}
 
 

@@ -93,7 +93,7 @@ def test_earlier_output_sent_back_as_input(client):
     ({"background": True, "stream": True}, "background"),
     ({"input": []}, "input"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
-    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "foo"}}}}, "response_format"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "foo"}}}}, "text.format"),
     ({"input": [{"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input"),
 ])

@@ -1,12 +1,11 @@
 """The FastAPI app: the routes of every front, the checks every request passes first, the error handlers,
 and an openapi.json that says what the server really answers.
 
-Where things are: routes/chat.py, routes/completions.py and routes/responses.py (each: schema, route,
-stream format), routes/invocations.py (either of the first two, told apart by the body), routes/generate.py
-(SGLang's native /generate), routes/models.py (the model list and card, /version), routes/load.py (vLLM's
-/load), routes/tokenize.py, routes/ops.py (health, metrics, server info); boundary.py is the one place
-requests are validated; generation.py runs them; parsers/ split tool calls and reasoning from the output
-text; errors.py is the error shape; middleware.py the API key and the body size limit.
+Where things are (docs/architecture.md follows one request through them): schemas/ the wire models, one file
+per API; routes/ adapt each API (its request as a plan, its answer's shape); plan.py what a route hands the
+pipeline; boundary.py the one place requests are checked; pipeline.py runs every API's plan; sse.py frames
+streams; errors.py is the error shape and builder; parsers/ split tool calls and reasoning from the output
+text; middleware.py the API key and the body size limit.
 """
 
 from __future__ import annotations
@@ -24,26 +23,19 @@ from pydantic.json_schema import models_json_schema
 
 from minisgl.server.errors import install_error_handlers
 from minisgl.server.middleware import OPEN_PATHS, ApiKeyCheck, BodySizeLimit, RequestIdHeader
-from minisgl.server.protocol import (
+from minisgl.server.responses_store import ResponseStore
+from minisgl.server.routes import chat, completions, generate, load, models, ops, responses, responses_ws, tokenize
+from minisgl.server.routes.invocations import invocations_router
+from minisgl.server.schemas.chat import ChatCompletionChunk, ChatCompletionRequest
+from minisgl.server.schemas.completions import CompletionChunk, CompletionRequest
+from minisgl.server.schemas.generate import GenerateOutput
+from minisgl.server.schemas.responses import Deleted
+from minisgl.server.schemas.types import (
     HIDDEN_STATES_MARK,
     LOGPROBS_MARK,
     SERVED_MODEL_MARK,
     THINKING_MARK,
     TOKEN_ID_MARK,
-)
-from minisgl.server.responses_store import ResponseStore
-from minisgl.server.routes import (
-    chat,
-    chat_batch,
-    completions,
-    generate,
-    invocations,
-    load,
-    models,
-    ops,
-    responses,
-    responses_ws,
-    tokenize,
 )
 from minisgl.server.state import ServerState
 
@@ -64,9 +56,10 @@ def build_app(state: ServerState) -> FastAPI:
     app.state.server = state
     app.state.responses = ResponseStore(state.args.max_stored_responses)
     install_error_handlers(app)
-    for module in (chat, chat_batch, completions, invocations, responses, responses_ws, generate, tokenize, models,
-                   load, ops):
+    for module in (chat, completions, responses, responses_ws, generate, tokenize, models, load, ops):
         app.include_router(module.router)
+    app.include_router(invocations_router({"messages": (ChatCompletionRequest, chat.chat_completions),
+                                           "prompt": (CompletionRequest, completions.completions)}))
     app.add_middleware(BodySizeLimit, limit=state.args.max_request_bytes)
     if state.args.api_key:
         app.add_middleware(ApiKeyCheck, key=state.args.api_key)
@@ -76,10 +69,8 @@ def build_app(state: ServerState) -> FastAPI:
     def openapi() -> dict:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
-            app.openapi_schema = describe_this_server(schema, state, [chat.ChatCompletionChunk,
-                                                                      completions.CompletionChunk,
-                                                                      generate.GenerateOutput,
-                                                                      responses.Deleted])
+            app.openapi_schema = describe_this_server(schema, state, [ChatCompletionChunk, CompletionChunk,
+                                                                      GenerateOutput, Deleted])
         return app.openapi_schema
 
     app.openapi = openapi

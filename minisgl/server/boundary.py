@@ -1,7 +1,7 @@
-"""The one validation boundary: every front turns its request into a `GenerateRequest` here, and nothing
-reaches a scheduler that was not checked here.
+"""The one validation boundary: every route's request plan (plan.py) becomes a `CheckedRequest` here, and
+nothing reaches a scheduler that was not checked here.
 
-The schemas (protocol.py and each route's models) settle types and ranges. This module checks what
+The schemas (schemas/) settle types and ranges. This module checks what
 needs the model or the whole request: prompts tokenized (off the event loop) and fitting the context,
 every token id against the vocabulary, the sampling parameters together (`SamplingParams` and
 `core.check_request`, the very checks the offline `LLM` API runs). A refusal is an `ApiError` 400 naming
@@ -20,12 +20,13 @@ from minisgl.core import (
     Constraint,
     ContextLengthError,
     SamplingParams,
+    ThinkingBudget,
     check_prompt,
     check_prompt_length,
     check_request,
 )
 from minisgl.server.errors import ApiError
-from minisgl.server.protocol import SamplingFields, VllmExtras
+from minisgl.server.plan import Plan, PromptInput
 from minisgl.server.text import Conversation, TextCodec
 
 
@@ -40,13 +41,10 @@ class ModelLimits:
     thinking_markers: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # the reasoning parser's, as token ids
 
 
-PromptInput = Conversation | list[Conversation] | list[str] | list[list[int]]
-
-
 @dataclass
-class GenerateRequest:
-    """What every front's request becomes: checked token-id prompts and one SamplingParams for all of
-    them (`max_tokens` already fitted to the room the longest prompt leaves)."""
+class CheckedRequest:
+    """A plan once checked: token-id prompts and one SamplingParams for all of them (`max_tokens` already
+    fitted to the room the longest prompt leaves)."""
 
     prompts: list[list[int]]
     prompt_texts: list[str | None]  # the text each prompt was made of (a chat: the template's), None for ids
@@ -57,18 +55,18 @@ class GenerateRequest:
     cache_salt: str | None = None
 
 
-async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, prompt: PromptInput) -> GenerateRequest:
+async def prepare(codec: TextCodec, limits: ModelLimits, plan: Plan) -> CheckedRequest:
+    prompt = plan.prompt
     prompt_param = "messages" if is_chat(prompt) else "prompt"
-    check_logprobs(body, limits.max_logprobs)
-    values, renamed = body.sampling()
+    check_logprobs(plan.logprob_counts, limits.max_logprobs)
+    values, renamed = dict(plan.sampling), plan.renamed
     truncation = None
-    if isinstance(body, VllmExtras):
-        truncation = body.prompt_truncation(limits.max_seq_len)
-        values["thinking_budget"] = body.thinking_budget(limits.thinking_markers, bool(body.constraints()))
-    # vLLM's add_special_tokens where the route has it; elsewhere a text prompt gets the tokenizer's special tokens
-    # (a BOS), as SGLang's /generate encodes it, and a chat template writes its own.
-    special = getattr(body, "add_special_tokens", not is_chat(prompt))
-    encoded = await encode(codec, limits, prompt, whole=truncation is not None, special=special)
+    if plan.truncation is not None:
+        keep, side = plan.truncation
+        truncation = (limits.max_seq_len if keep == -1 else keep, side)
+    values["thinking_budget"] = thinking_budget(plan.thinking_budget, limits.thinking_markers,
+                                                bool(plan.constraints))
+    encoded = await encode(codec, limits, prompt, whole=truncation is not None, special=plan.special_tokens)
     if truncation is not None:
         encoded = [await truncated(codec, ids, text, *truncation) for _, ids, text in encoded]
     with refusals_named(prompt_param, renamed):
@@ -78,37 +76,46 @@ async def prepare(codec: TextCodec, limits: ModelLimits, body: SamplingFields, p
         prompts = [ids for _, ids, _ in encoded]
         longest = max(len(ids) for ids in prompts)
         room = limits.max_seq_len - longest
-        values["max_tokens"] = fitted_max_tokens(values.pop("max_tokens"), body.DEFAULT_MAX_TOKENS, room, longest,
-                                                 limits.max_seq_len, renamed.get("max_tokens", "max_tokens"),
+        values["max_tokens"] = fitted_max_tokens(values.pop("max_tokens", None), plan.default_max_tokens, room,
+                                                 longest, limits.max_seq_len, renamed.get("max_tokens", "max_tokens"),
                                                  chat=prompt_param == "messages")
         # Left out, max_tokens is what the context leaves: min_tokens is lowered the same way.
-        values["min_tokens"] = min(values["min_tokens"] or 0, room)
+        values["min_tokens"] = min(values.get("min_tokens") or 0, room)
         params = SamplingParams(**{k: v for k, v in values.items() if v is not None})
-        if body.constraints() and params.min_tokens:
-            raise ValueError(f"min_tokens cannot be combined with {body.constraints()[0][0]}: the grammar alone "
+        if plan.constraints and params.min_tokens:
+            raise ValueError(f"min_tokens cannot be combined with {plan.constraints[0][0]}: the grammar alone "
                              f"decides where the output may end")
         for ids in prompts:
             check_request(ids, params, limits.vocab_size, limits.max_seq_len, limits.kv_capacity)
-    params.constraint = await constraint(codec, body)
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    if stop:
+    params.constraint = await constraint(codec, plan.constraints)
+    if plan.stop:
         codec.require("stop", "stop strings are matched on text; use stop_token_ids")
     texts = [text for _, _, text in encoded]
-    if body.wants_prompt_text() and codec.tokenizer is not None:
+    if plan.prompt_text and codec.tokenizer is not None:
         texts = [text if text is not None else await codec.decode(ids) for text, ids in zip(texts, prompts)]
-    salt = getattr(body, "cache_salt", None)  # vLLM's fronts (chat, completions) have one
-    return GenerateRequest(prompts, texts, params, stop, body.n, body.seed, salt)
+    return CheckedRequest(prompts, texts, params, plan.stop, plan.n, values.get("seed"), plan.cache_salt)
 
 
-LOGPROB_FIELDS = ("logprobs", "top_logprobs", "prompt_logprobs")  # each a count of alternatives per token
+def thinking_budget(budget: int | None, markers: tuple[tuple[int, ...], tuple[int, ...]] | None,
+                    constrained: bool) -> ThinkingBudget | None:
+    """The engine's ThinkingBudget for vLLM's thinking_token_budget: it needs the reasoning parser's markers,
+    and under a grammar (which decides every token) it could not be kept."""
+    if budget in (None, -1):
+        return None
+    if markers is None:
+        raise ApiError(400, "thinking_token_budget needs a server started with --reasoning-parser (its markers "
+                            "delimit the thinking)", param="thinking_token_budget")
+    if constrained:
+        raise ApiError(400, "thinking_token_budget cannot be combined with structured outputs or a forced tool "
+                            "choice: the grammar decides every token", param="thinking_token_budget")
+    return ThinkingBudget(budget, *markers)
 
 
-def check_logprobs(body: SamplingFields, cap: int) -> None:
+def check_logprobs(counts: dict[str, int], cap: int) -> None:
     """A count of alternatives over the server's cap is refused as the schema refuses a number over its bound
     (pydantic's words and code, which vLLM's messages carry), naming the cap."""
-    for name in LOGPROB_FIELDS:
-        value = getattr(body, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > cap:
+    for name, value in counts.items():
+        if value > cap:
             raise ApiError(400, f"{name}: Input should be less than or equal to {cap}, this server's --max-logprobs "
                                 f"(less_than_equal)", param=name, code="less_than_equal")
 
@@ -175,9 +182,8 @@ async def truncated(codec: TextCodec, ids: list[int], text: str | None, keep: in
     return keep, kept, await codec.decode(kept) if text is not None else None
 
 
-async def constraint(codec: TextCodec, body: SamplingFields) -> Constraint | None:
+async def constraint(codec: TextCodec, asked: list[tuple[str, Constraint]]) -> Constraint | None:
     """The request's grammar, parsed (off the loop) so that a bad one is a 400 naming its field."""
-    asked = body.constraints()
     if not asked:
         return None
     (param, grammar), *others = asked

@@ -8,6 +8,11 @@ from dataclasses import dataclass
 REPLACEMENT_CHAR = "\ufffd"  # what decode shows for an incomplete UTF-8 sequence
 
 
+def token_text(tokenizer, token_id: int) -> str:
+    """One token's text, as a logprob entry shows it; without a tokenizer, its id (vLLM's `token_id:N`)."""
+    return tokenizer.decode([token_id]) if tokenizer is not None else f"token_id:{token_id}"
+
+
 @dataclass
 class TextDelta:
     """Text that may be shown now; `stopped`: a stop string was found, the text ends right before it."""

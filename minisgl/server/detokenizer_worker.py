@@ -14,7 +14,7 @@ import zmq
 
 from minisgl.core import TokenLogprob
 from minisgl.scheduler import AbortReq
-from minisgl.server.detokenizer import IncrementalDetokenizer
+from minisgl.server.detokenizer import IncrementalDetokenizer, token_text
 from minisgl.server.ipc import (
     Alternative,
     DetokRegister,
@@ -111,8 +111,5 @@ class Detokenizer:
                           out.scheduled_at, out.hidden_state)
 
     def entries(self, logprobs: list[TokenLogprob]) -> list[LogprobEntry]:
-        return [LogprobEntry(self.token_text(lp.token_id), lp.token_id, lp.logprob,
-                             [Alternative(self.token_text(t), v, t) for t, v in lp.top]) for lp in logprobs]
-
-    def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id]) if self.tokenizer is not None else f"token_id:{token_id}"
+        return [LogprobEntry(token_text(self.tokenizer, lp.token_id), lp.token_id, lp.logprob,
+                             [Alternative(token_text(self.tokenizer, t), v, t) for t, v in lp.top]) for lp in logprobs]

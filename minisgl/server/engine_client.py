@@ -22,19 +22,19 @@ import zmq.asyncio
 
 from minisgl.core import Req, SamplingParams
 from minisgl.scheduler import AbortReq, AddReq
+from minisgl.server.errors import ApiError
 from minisgl.server.ipc import DetokRegister, IpcPaths, Ready, StatsReply, StatsRequest, TextOutput, inbox, outbox
 from minisgl.server.metrics import Metrics
 
 logger = logging.getLogger("minisgl.api")
 
 
-class RequestFailed(Exception):
+class RequestFailed(ApiError):
     """The engine could not finish a sequence: a fault isolated to it (500) or the server shutting down
     (503). Its client gets this error; every other request goes on."""
 
     def __init__(self, message: str, status: int = 500):
-        super().__init__(message)
-        self.message, self.status = message, status
+        super().__init__(status, message)
 
 
 class Sequence:
@@ -128,11 +128,15 @@ class EngineClient:
                 self.to_scheduler.send_pyobj(AbortReq(seq.rid))
 
     def fail_all(self, message: str, status: int) -> None:
-        """End every sequence now with an error to its client (shutdown past its timeout)."""
+        """End every sequence now with an error to its client (shutdown past its timeout). Outputs its client
+        has not read yet are dropped: the error is next, so that a stream gets it before the server stops (a
+        backlog sent first could outlast the server's grace period and leave the stream cut with no error)."""
         for seq in list(self.sequences.values()):
             self.to_scheduler.send_pyobj(AbortReq(seq.rid))
             seq.finish_reason = "abort"
             self._close(seq)
+            while not seq.outputs.empty():
+                seq.outputs.get_nowait()
             seq.outputs.put_nowait(RequestFailed(message, status))
 
     # ---- routing ---------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 logger = logging.getLogger("minisgl.api")
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               405: "invalid_request_error", 413: "invalid_request_error", 500: "internal_server_error",
+               405: "invalid_request_error", 413: "invalid_request_error", 500: "server_error",
                503: "service_unavailable"}
 DESCRIPTIONS = {400: "Invalid request (the parameter is named in `param`)", 401: "Missing or wrong API key",
                 404: "Unknown model", 413: "Request body larger than --max-request-bytes",
@@ -59,6 +59,16 @@ class ApiError(HTTPException):
 
     def body_json(self) -> str:
         return self.response_model().model_dump_json()
+
+
+def failure(exc: BaseException) -> ApiError:
+    """Any exception a request's handling raised, as the error its client is told: an ApiError (a failed
+    sequence is one) as it is, anything else (a bug) logged here and told as a 500. Every error body the server
+    sends, on HTTP, as a stream's last event or on a WebSocket, is built from this."""
+    if isinstance(exc, ApiError):
+        return exc
+    logger.error("request failed", exc_info=exc)
+    return ApiError(500, f"internal error: {type(exc).__name__}")
 
 
 def error_response(err: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -113,5 +123,4 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception):
-        logger.exception("unexpected error on %s %s", request.method, request.url.path)
-        return error_response(ApiError(500, f"internal error: {type(exc).__name__}"))
+        return error_response(failure(exc))

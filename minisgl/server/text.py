@@ -74,10 +74,6 @@ class TextCodec:
         """The conversation through the model's chat template, encoded; and the template's text."""
         return await self.run(self._encode_chat, conversation, limit, add_special_tokens)
 
-    def token_text(self, token_id: int) -> str:
-        """One token's text (one token: cheap enough for the loop); without a tokenizer, its id."""
-        return self.tokenizer.decode([token_id]) if self.tokenizer is not None else f"token_id:{token_id}"
-
     async def decode(self, ids: list[int]) -> str:
         return (await self.run(self.backend.decode_batch, [ids], skip_special_tokens=False))[0]
 

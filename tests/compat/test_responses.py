@@ -314,3 +314,16 @@ def test_a_socket_closed_mid_turn_stops_its_generation(demo):
         while json.loads(socket.recv())["type"] != "response.output_text.delta":
             pass
     wait_until_nothing_runs(demo)
+
+
+def test_orca_load_report_on_responses(client):
+    """vLLM's ORCA load report (`endpoint-load-metrics-format: JSON`) is answered on /v1/responses as on every
+    other generation route: it runs on the same pipeline; streamed too."""
+    asked = {"endpoint-load-metrics-format": "JSON"}
+    args = dict(model="demo", input="Hi", max_output_tokens=2)
+    whole = client.responses.with_raw_response.create(**args, extra_headers=asked).headers
+    assert whole["endpoint-load-metrics"].startswith("JSON ")
+    with client.responses.with_streaming_response.create(**args, stream=True, extra_headers=asked) as streamed:
+        assert streamed.headers["endpoint-load-metrics"].startswith("JSON ")
+        assert streamed.read()
+    assert "endpoint-load-metrics" not in client.responses.with_raw_response.create(**args).headers

@@ -44,6 +44,11 @@ class OutputParser:
         split = self.reasoning.feed(text) if self.reasoning else Split(content=text)
         return self._answer(split.content, split.reasoning)
 
+    def step(self, text: str, finish_reason: str | None) -> ChoiceDelta:
+        """Feed a text delta and, once the choice has ended (`finish_reason`), flush what was held back."""
+        delta = self.feed(text)
+        return delta + self.finish(finish_reason) if finish_reason is not None else delta
+
     def finish(self, finish_reason: str | None) -> ChoiceDelta:
         split = self.reasoning.finish() if self.reasoning else Split()
         delta = self._answer(split.content, split.reasoning)

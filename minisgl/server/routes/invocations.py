@@ -5,33 +5,38 @@ not, is exactly that of /v1/chat/completions or /v1/completions."""
 from __future__ import annotations
 
 import json
+from typing import Awaitable, Callable
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from minisgl.server.errors import ApiError
-from minisgl.server.routes import chat, completions
-from minisgl.server.state import ServerState, server_state
-
-router = APIRouter()
 
 
-# Out of openapi.json: its body and answers are those of the two routes (documented there), and a schema
-# that is one of two large request schemas only slows schema-driven clients and fuzzers down.
-@router.post("/invocations", response_model=None, include_in_schema=False)
-async def invocations(request: Request, state: ServerState = Depends(server_state)) -> Response:
-    try:
-        payload = json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"malformed JSON body: {exc}") from None
-    if not isinstance(payload, dict) or ("messages" in payload) == ("prompt" in payload):
-        raise ApiError(400, "the body must be a chat request (with `messages`) or a completion request (with "
-                            "`prompt`), not both")
-    try:
-        if "messages" in payload:
-            return await chat.chat_completions(chat.ChatCompletionRequest.model_validate(payload), request, state)
-        return await completions.completions(completions.CompletionRequest.model_validate(payload), request, state)
-    except ValidationError as exc:  # answered as the two routes answer a bad body
-        raise RequestValidationError(exc.errors()) from None
+def invocations_router(routes: dict[str, tuple[type[BaseModel], Callable[..., Awaitable[Response]]]]) -> APIRouter:
+    """The /invocations route over `routes`: the body field that tells a request apart (`messages`, `prompt`)
+    -> the request schema and the route that answers it (api.py hands chat's and completions')."""
+    router = APIRouter()
+
+    # Out of openapi.json: its body and answers are those of the two routes (documented there), and a schema
+    # that is one of two large request schemas only slows schema-driven clients and fuzzers down.
+    @router.post("/invocations", response_model=None, include_in_schema=False)
+    async def invocations(request: Request) -> Response:
+        try:
+            payload = json.loads(await request.body())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"malformed JSON body: {exc}") from None
+        kinds = [field for field in routes if isinstance(payload, dict) and field in payload]
+        if len(kinds) != 1:
+            raise ApiError(400, "the body must be a chat request (with `messages`) or a completion request (with "
+                                "`prompt`), not both")
+        schema, route = routes[kinds[0]]
+        try:
+            body = schema.model_validate(payload)
+        except ValidationError as exc:  # answered as the two routes answer a bad body
+            raise RequestValidationError(exc.errors()) from None
+        return await route(body, request, request.app.state.server)
+
+    return router

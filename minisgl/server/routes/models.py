@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 import minisgl
 from minisgl.server.errors import ApiError, error_responses
-from minisgl.server.protocol import unix_now
+from minisgl.server.schemas.types import unix_now
 from minisgl.server.state import ServerState, server_state
 
 router = APIRouter()

@@ -18,8 +18,11 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
 from minisgl.server.errors import ApiError, invalid_request
+from minisgl.server.pipeline import start
 from minisgl.server.responses_store import ResponseStore, Stored
-from minisgl.server.routes.responses import ResponsesRequest, begin, events, head_of
+from minisgl.server.responses_turn import ResponsesAnswer, head_of, responses_plan, responses_tool_use
+from minisgl.server.schemas.responses import ResponsesRequest
+from minisgl.server.sse import ending_in_failure
 from minisgl.server.state import ServerState
 
 router = APIRouter()
@@ -32,61 +35,59 @@ class Connection:
         self.socket, self.state, self.store = socket, state, store
         self.last: Stored | None = None
 
-    async def error(self, status_code: int, code: str, message: str, param: str | None = None) -> None:
-        await self.socket.send_text(json.dumps({"type": "error", "status": status_code, "error": {
-            "type": "invalid_request_error" if status_code < 500 else "server_error", "code": code,
-            "message": message, "param": param}}))
+    async def error(self, error: ApiError) -> None:
+        await self.socket.send_text(json.dumps({"type": "error", "status": error.status, **error.body()}))
 
     async def turn(self, text: str) -> None:
         try:
             event = json.loads(text)
         except ValueError as exc:
-            return await self.error(400, "invalid_json", f"the message is not JSON: {exc}")
+            return await self.error(ApiError(400, f"the message is not JSON: {exc}", code="invalid_json"))
         kind = event.get("type") if isinstance(event, dict) else None
         if kind != "response.create":
-            return await self.error(400, "unknown_event_type", f"unknown event type {str(kind)[:100]!r}; "
-                                                               f"this server takes 'response.create'", "type")
+            return await self.error(ApiError(400, f"unknown event type {str(kind)[:100]!r}; this server takes "
+                                                  f"'response.create'", param="type", code="unknown_event_type"))
         fields = {key: value for key, value in event.items() if key not in ("type", "generate")}
         for transport in ("stream", "background"):
             if transport in fields:
-                return await self.error(400, "invalid_request_error", f"{transport} is not used in WebSocket "
-                                                                      f"mode", transport)
+                return await self.error(ApiError(400, f"{transport} is not used in WebSocket mode", param=transport))
         generate = event.get("generate", True)
         if not isinstance(generate, bool):
-            return await self.error(400, "invalid_request_error", "generate must be true or false", "generate")
+            return await self.error(ApiError(400, "generate must be true or false", param="generate"))
         try:
             await self.create(ResponsesRequest.model_validate(fields | {"stream": True}), generate)
-        except (ValidationError, ApiError) as exc:
-            error = invalid_request(exc.errors()) if isinstance(exc, ValidationError) else exc
-            await self.error(error.status, error.code or "invalid_request_error", error.message, error.param)
+        except ValidationError as exc:
+            await self.error(invalid_request(exc.errors()))
+        except ApiError as exc:
+            await self.error(exc)
 
     def previous(self, response_id: str) -> Stored:
         if self.last is not None and self.last.response.id == response_id:
             return self.last
         return self.store.previous(response_id)
 
+    def keep(self, entry: Stored, stored: bool) -> None:
+        self.last = entry
+        if stored:
+            self.store.put(entry)
+
     async def create(self, body: ResponsesRequest, generate: bool) -> None:
         history = self.previous(body.previous_response_id).messages if body.previous_response_id else []
+        use = responses_tool_use(body, self.state.args.tool_call_parser)
+        plan = responses_plan(body, history, use)  # a warm-up is checked as a generating turn is
         if not generate:
             return await self.warm_up(body, history)
-        run = await begin(self.state, body, history)
-
-        def keep(entry: Stored) -> None:
-            self.last = entry
-            if body.stored:
-                self.store.put(entry)
-
-        async for event in events(self.state, run, keep):
+        answer = ResponsesAnswer(body, history, plan, use, self.state, self.store,
+                                 lambda entry: self.keep(entry, body.stored))
+        checked, choices = await start(self.state, plan)
+        async for event in ending_in_failure(answer.stream(checked, choices), answer.failed):
             await self.socket.send_text(json.dumps(event))
 
     async def warm_up(self, body: ResponsesRequest, history: list[dict]) -> None:
         """generate: false: a completed response with no output, holding the conversation so far."""
-        body.as_chat(history)  # the request is checked as a generating one would be
         head = head_of(body, self.state.args.served_model_name)
         head.status = "completed"
-        self.last = Stored(head, history + body.turns(), body.listed_input())
-        if body.stored:
-            self.store.put(self.last)
+        self.keep(Stored(head, history + body.turns(), body.listed_input()), body.stored)
         for number, kind in enumerate(("response.created", "response.completed")):
             await self.socket.send_text(json.dumps({"type": kind, "sequence_number": number,
                                                     "response": head.model_dump(mode="json")}))

@@ -1,36 +1,26 @@
-"""Running a generation request for any front: admit it, check it (boundary), submit its sequences,
-gather their outputs, and frame a stream as server-sent events.
-
-Errors after the response has started streaming cannot change its status any more: they arrive as a
-last event `data: {"error": {...}}` followed by `data: [DONE]`.
-"""
+"""The one pipeline every generation API runs on: admit a plan, check it (boundary), submit its sequences,
+gather their outputs, and give them back through the API's `Answer`: whole as JSON, streamed as server-sent
+events (sse.py), or generated behind (Responses' background)."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
-from minisgl.server.boundary import GenerateRequest, PromptInput, prepare
-from minisgl.server.engine_client import RequestFailed, Sequence
+from minisgl.server.boundary import CheckedRequest, prepare
+from minisgl.server.engine_client import Sequence
 from minisgl.server.errors import ApiError, error_responses
-from minisgl.server.ipc import TextOutput
-from minisgl.server.protocol import (
-    LogprobEntry,
-    PromptTokensDetails,
-    SamplingFields,
-    StreamOptions,
-    Usage,
-    VllmExtras,
-)
+from minisgl.server.ipc import LogprobEntry, TextOutput
+from minisgl.server.plan import Output, Plan
+from minisgl.server.schemas.types import Envelope, PromptTokensDetails, Usage
+from minisgl.server.sse import Event, event_stream
 from minisgl.server.state import ServerState
 
-logger = logging.getLogger("minisgl.api")
 LOAD_REPORT_FORMAT = "endpoint-load-metrics-format"  # the request header asking for an ORCA load report
 
 
@@ -64,49 +54,68 @@ class Choice:
         return self.hidden_state if len(self.token_ids) > 1 and self.hidden_state is not None else []
 
 
-async def respond(request: Request, state: ServerState, body: SamplingFields, prompt: PromptInput, prompts: int,
-                  whole: Callable[[list[Choice], Usage], BaseModel],
-                  stream: Callable[[GenerateRequest, list[Choice]], AsyncIterator[BaseModel]] | None) -> Response:
-    """Run a generation request and answer it: whole (`whole` builds the response object) or, with
-    `stream: true`, as server-sent events of the chunks `stream` yields (None: a route that never streams)."""
-    if state.args.tokens_as_token_ids and isinstance(body, VllmExtras):  # vLLM's server-wide default
-        body.return_tokens_as_token_ids = True
-    if getattr(body, "return_hidden_states", False) and not state.args.return_hidden_states:
+class Answer:
+    """How one API gives a run back: the whole answer, or the events of its stream (`named`: Responses'
+    `event:` framing, else `data:` chunks), and the stream's last event when the generation fails."""
+
+    named = False
+
+    def whole(self, choices: list[Choice], usage: Usage) -> BaseModel:
+        raise NotImplementedError
+
+    def stream(self, checked: CheckedRequest, choices: list[Choice]) -> AsyncIterator[Event]:
+        raise NotImplementedError
+
+    def failed(self, error: ApiError) -> Event:
+        """A failure mid-stream: the error body as a last chunk (then `[DONE]`), as vLLM and SGLang send it."""
+        return error.response_model()
+
+    def behind(self, state: ServerState, checked: CheckedRequest, choices: list[Choice]) -> Response:
+        """Answer at once and generate behind (Responses' background)."""
+        raise NotImplementedError
+
+
+async def respond(request: Request, state: ServerState, plan: Plan, answer: Answer) -> Response:
+    """Run a request plan and answer it, whole, streamed or (background) at once."""
+    output = plan.output
+    output.tokens_as_ids |= state.args.tokens_as_token_ids  # vLLM's server-wide default
+    if output.stream and state.args.force_include_usage:
+        output.include_usage = output.continuous_usage = True
+    if output.hidden_states and not state.args.return_hidden_states:
         raise ApiError(400, "return_hidden_states needs a server started with --enable-return-hidden-states (as "
                             "SGLang's)", param="return_hidden_states")
-    gen, choices = await start(state, body, prompt, prompts)
+    checked, choices = await start(state, plan)
     load = state.metrics.load_report(request.headers.get(LOAD_REPORT_FORMAT))  # vLLM's ORCA load report
-    if body.stream:
-        if state.args.force_include_usage:
-            body.stream_options = StreamOptions(include_usage=True, continuous_usage_stats=True)
-        return event_stream(stream(gen, choices), load)
+    if output.background:
+        return answer.behind(state, checked, choices)
+    if output.stream:
+        return event_stream(answer.stream(checked, choices), answer.failed, answer.named, load)
     if not await collect(request, state, choices):
         return Response(status_code=499)  # the client hung up; nobody reads this
-    return JSONResponse(whole(choices, usage(choices, gen.prompts)).model_dump(mode="json"), headers=load)
+    return JSONResponse(answer.whole(choices, usage(choices, checked.prompts)).model_dump(mode="json"), headers=load)
 
 
-async def start(state: ServerState, body: SamplingFields, prompt: PromptInput, prompts: int
-                ) -> tuple[GenerateRequest, list[Choice]]:
-    """Admit the request (`prompts` x n sequences), check it, and submit every sequence to the engine."""
-    client, sequences = state.client, prompts * body.n
-    state.admit(body.model, sequences)
+async def start(state: ServerState, plan: Plan) -> tuple[CheckedRequest, list[Choice]]:
+    """Admit the plan (prompts x n sequences), check it, and submit every sequence to the engine."""
+    client, sequences = state.client, plan.prompts * plan.n
+    state.admit(plan.model, sequences)
     choices: list[Choice] = []
     state.preparing += 1
     try:
-        gen = await prepare(state.codec, state.limits, body, prompt)
+        checked = await prepare(state.codec, state.limits, plan)
         state.check_serving()  # draining may have begun while the prompt was tokenized
-        for _ in gen.prompts:
-            state.metrics.observe_request(gen.n, gen.params.max_tokens)
-        for p, ids in enumerate(gen.prompts):
-            for i in range(gen.n):
-                index = p * gen.n + i
-                seed = gen.seed + index if gen.seed is not None else random.getrandbits(63)
-                seq = client.submit(ids, gen.params, gen.stop, seed, body.user, gen.cache_salt)
-                choices.append(Choice(index, p, seq, ids, gen.prompt_texts[p]))
+        for _ in checked.prompts:
+            state.metrics.observe_request(checked.n, checked.params.max_tokens)
+        for p, ids in enumerate(checked.prompts):
+            for i in range(checked.n):
+                index = p * checked.n + i
+                seed = checked.seed + index if checked.seed is not None else random.getrandbits(63)
+                seq = client.submit(ids, checked.params, checked.stop, seed, plan.user, checked.cache_salt)
+                choices.append(Choice(index, p, seq, ids, checked.prompt_texts[p]))
     finally:
         state.preparing -= 1
         client.release(sequences - len(choices))
-    return gen, choices
+    return checked, choices
 
 
 async def outputs(state: ServerState, choices: list[Choice]) -> AsyncIterator[tuple[Choice, TextOutput]]:
@@ -154,10 +163,7 @@ async def collect(request: Request, state: ServerState, choices: list[Choice]) -
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             return False
-    try:
-        task.result()
-    except RequestFailed as failed:
-        raise ApiError(failed.status, failed.message) from None
+    task.result()  # a failed sequence raises its RequestFailed: an ApiError
     return True
 
 
@@ -176,6 +182,32 @@ def usage_so_far(choice: Choice) -> Usage:
                  prompt_tokens_details=PromptTokensDetails(cached_tokens=choice.seq.cached_tokens))
 
 
+class Chunks:
+    """What every chunked stream (chat, completions) shares: one id on all its chunks, a choice's usage so far
+    on each (continuous_usage), and the usage chunk that ends it (include_usage)."""
+
+    def __init__(self, kind: type[Envelope], model: str, output: Output):
+        self.kind, self.model, self.output = kind, model, output
+        self.id = kind(model=model, choices=[]).id
+
+    def chunk(self, choices: list[BaseModel], of: Choice | None = None, **fields: Any) -> Envelope:
+        """A chunk of `choices`, with the usage so far of choice `of` when asked for."""
+        so_far = usage_so_far(of) if of is not None and self.output.continuous_usage else None
+        return self.kind(id=self.id, model=self.model, choices=choices, usage=so_far, **fields)
+
+    def hidden_states(self, choice: Choice, out: TextOutput, make: Callable[[int, list[float]], BaseModel]
+                      ) -> list[Envelope]:
+        """SGLang's return_hidden_states: after a choice's last chunk, one of its own with the hidden state
+        (`make` builds the API's choice of it)."""
+        return [self.chunk([make(choice.index, choice.hidden_states)])] \
+            if out.finish_reason and self.output.hidden_states else []
+
+    def last(self, checked: CheckedRequest, choices: list[Choice]) -> list[Envelope]:
+        """The usage chunk, when asked for."""
+        return [self.kind(id=self.id, model=self.model, choices=[], usage=usage(choices, checked.prompts))
+                ] if self.output.include_usage else []
+
+
 def generation_responses(whole: type[BaseModel], chunk: type[BaseModel]) -> dict:
     """A generation route's `responses=` for openapi.json: 200 is the whole response as JSON or, with
     stream: true, server-sent events whose `data` is a chunk or an error as JSON, or `[DONE]` (api.py
@@ -186,19 +218,3 @@ def generation_responses(whole: type[BaseModel], chunk: type[BaseModel]) -> dict
         {"const": "[DONE]"}, {"type": "string", "contentMediaType": "application/json", "contentSchema": payload}]}}}
     return {200: {"model": whole, "content": {"text/event-stream": {"schema": event}}},
             **error_responses(400, 401, 404, 413, 500, 503)}
-
-
-def event_stream(chunks: AsyncIterator[BaseModel], headers: dict[str, str] | None = None) -> StreamingResponse:
-    """Server-sent events: one `data:` line per chunk, an error event if the generation fails, then `[DONE]`."""
-    async def frames() -> AsyncIterator[str]:
-        try:
-            async for chunk in chunks:
-                yield f"data: {chunk.model_dump_json()}\n\n"
-        except RequestFailed as failed:
-            yield f"data: {ApiError(failed.status, failed.message).body_json()}\n\n"
-        except Exception as exc:  # a bug must still end the stream as the protocol says, not cut it
-            logger.exception("stream failed")
-            yield f"data: {ApiError(500, f'internal error: {type(exc).__name__}').body_json()}\n\n"
-        yield "data: [DONE]\n\n"
-
-    return StreamingResponse(frames(), media_type="text/event-stream", headers=headers)
