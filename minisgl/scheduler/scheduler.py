@@ -217,10 +217,26 @@ class Scheduler:
             self._commit(launched)
 
     def _next_batch(self) -> Batch | None:
-        """The next batch, its requests' bookkeeping advanced as if it had run, its page-table entries sent."""
-        batch = self._prefill_batch() or self._decode_batch()
-        if batch is None:
+        """The next batch, its requests' bookkeeping advanced as if it had run, its page-table entries sent.
+
+        Decode first, then fill: every running request that has only its last token to compute gets one
+        token, and prefill chunks (running requests' unfinished prompts first, then admissions in FIFO
+        order) fill what is left of ONE token budget per step, in the same batch (Sarathi-Serve's stall-free
+        batching, vLLM's chunked prefill). The trade-off is the budget's size: a step costs about its token
+        count once past a few thousand tokens, so a running stream's inter-token gap is at most one
+        budget-sized step (prefill-first makes it wait behind every chunk of every prompt that arrives),
+        while a prompt needs about `len / budget` steps to its first token, so a smaller budget raises TTFT
+        in bursts. `max_prefill_tokens` (--max-num-batched-tokens) is that budget, decodes included; decodes
+        are never dropped to respect it, so a step exceeds it only when more requests decode than it holds.
+        A step without prefill tokens is a pure decode and replays a CUDA graph."""
+        reqs, lens = self._decodes()
+        self._fill(reqs, lens, self.max_prefill_tokens - len(reqs))
+        if not reqs:
             return None
+        batch = self._batch(reqs, lens)
+        batch.scored = [(i, kv, min(kv + n, len(r.prompt_ids) - 1) - kv)
+                        for i, (r, kv, n) in enumerate(zip(reqs, batch.kv_lens, lens))
+                        if r.scores_prompt and kv < len(r.prompt_ids) - 1]
         for req, n in zip(batch.reqs, batch.extend_lens):
             req.kv_len += n
         for i in batch.sampled:
@@ -236,12 +252,9 @@ class Scheduler:
         """The grammars' masks for the batch's sampled requests; None when none of them has a matcher left."""
         return self.grammars.bitmask([batch.reqs[i].rid for i in batch.sampled]) if self.constrained else None
 
-    def _prefill_batch(self) -> Batch | None:
-        """Requests with more than their last token to compute, in order, within the token budget:
-        first the ones already running (chunked prefill goes on), then new admissions."""
-        budget = self.max_prefill_tokens
-        reqs: list[Req] = []
-        lens: list[int] = []
+    def _fill(self, reqs: list[Req], lens: list[int], budget: int) -> None:
+        """Append prefill chunks within `budget` tokens: first the running requests' unfinished prompts (chunked
+        prefill goes on, oldest first), then new admissions in arrival order."""
         for req in self.running:
             todo = req.device_len - req.kv_len
             if todo > 1 and budget > 0:
@@ -267,13 +280,6 @@ class Scheduler:
             reqs.append(req)
             lens.append(n)
             budget -= n
-        if not reqs:
-            return None
-        batch = self._batch(reqs, lens)
-        batch.scored = [(i, kv, min(kv + n, len(r.prompt_ids) - 1) - kv)
-                        for i, (r, kv, n) in enumerate(zip(reqs, batch.kv_lens, lens))
-                        if r.scores_prompt and kv < len(r.prompt_ids) - 1]
-        return batch
 
     def _admit(self, req: Req, budget: int) -> int | None:
         """Move the first waiting request into running with pages for its first chunk; returns the
@@ -300,14 +306,14 @@ class Scheduler:
         self.running.append(req)
         return n
 
-    def _decode_batch(self) -> Batch | None:
-        """Every running request advances by one token; out of pages, retract the newest (never one already
-        in the batch: those come before it)."""
+    def _decodes(self) -> tuple[list[Req], list[int]]:
+        """Every running request with only its last token to compute advances by one token; out of pages,
+        retract the newest (never one already taken: those come before it)."""
         reqs: list[Req] = []
         i = 0
         while i < len(self.running):
             req = self.running[i]
-            if self._awaits_last_token(req):
+            if req.device_len - req.kv_len != 1 or self._awaits_last_token(req):  # prefilling, or nothing to do
                 i += 1
             elif self.kv.reserve(req, 1):
                 reqs.append(req)
@@ -317,7 +323,7 @@ class Scheduler:
             else:  # even alone it does not fit: the pool is smaller than this sequence
                 logger.warning("request %d needs more KV pages than the pool has; finishing it", req.rid)
                 self._finish(req, "length")
-        return self._batch(reqs, [1] * len(reqs)) if reqs else None
+        return reqs, [1] * len(reqs)
 
     def _batch(self, reqs: list[Req], lens: list[int]) -> Batch:
         sampled = [i for i, (r, n) in enumerate(zip(reqs, lens)) if r.kv_len + n == r.device_len]
