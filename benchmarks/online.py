@@ -42,6 +42,7 @@ STAGES = {  # vLLM's histogram names (minisgl exports the same): their _sum / _c
 
 @dataclass
 class Timing:
+    prompt_len: int
     start: float
     chunks: list[tuple[float, int]] = field(default_factory=list)  # (arrival, tokens carried)
     error: str | None = None
@@ -62,7 +63,7 @@ async def one_request(session: aiohttp.ClientSession, url: str, model: str, prom
                       max_tokens: int) -> Timing:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
             "stream": True, "return_token_ids": True}
-    timing = Timing(time.perf_counter())
+    timing = Timing(len(prompt), time.perf_counter())
     async with session.post(f"{url}/v1/completions", json=body) as resp:
         if resp.status != 200:
             timing.error = f"{resp.status}: {(await resp.text())[:200]}"
@@ -119,6 +120,11 @@ async def level(url: str, model: str, streams: int, a: argparse.Namespace) -> di
     for key in STAGES:
         if key in before and key in after and after[key][1] > before[key][1]:
             row[f"{key}_mean_ms"] = round(1000 * (after[key][0] - before[key][0]) / (after[key][1] - before[key][1]), 2)
+    if a.requests_out:  # each request's timestamps, for benchmarks/ttft_trace.py
+        with open(a.requests_out, "a") as f:
+            for t in ok:
+                f.write(json.dumps({"streams": streams, "prompt_len": t.prompt_len, "start": t.start,
+                                    "first": t.chunks[0][0], "tokens": t.tokens}) + "\n")
     if len(timings) > len(ok):
         row["first_error"] = next(t.error for t in timings if t not in ok)
     return row
@@ -186,6 +192,7 @@ def main() -> None:
     p.add_argument("--max-model-len", type=int, default=4096, help="the started server's longest sequence")
     p.add_argument("--log", help="the started server's log file (default: discard)")
     p.add_argument("--json", help="append the rows to this file as JSON lines")
+    p.add_argument("--requests-out", help="append every request's timestamps to this file (JSON lines)")
     a = p.parse_args()
     levels = [int(n) for n in a.levels.split(",")]
     proc, tag = None, {}

@@ -23,6 +23,7 @@ mask row allows everything, and the token drawn for it is dropped like any finis
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ from minisgl.core import Batch, Req, ReqStatus, SamplingParams, TokenLogprob
 from minisgl.distributed import TPGroup
 from minisgl.engine.engine import Engine, LaunchedStep, PromptScores, StepResult
 from minisgl.kvcache import KVCacheManager, make_prefix_cache
+from minisgl.scheduler.trace import StepTrace
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +94,8 @@ class Scheduler:
         self.cache_hit_tokens = 0  # prompt tokens served from the prefix cache, over first admissions
         self.prompt_tokens_admitted = 0
         self.shutdown = False
+        self.trace = StepTrace.from_env(tp.is_leader)
+        self.launched_at = 0.0  # when the last tick enqueued its batch (the trace's)
 
     # ---- messages -------------------------------------------------------------------------------
 
@@ -172,9 +176,12 @@ class Scheduler:
         """One lockstep iteration, identical on every rank: agree on the messages, then step if there
         is work. Every driver (offline LLM, server, followers) advances the scheduler only this way."""
         self.last_step_tokens = 0
+        start = time.monotonic()
         self.sync_and_apply(messages)
-        if self.has_work:
-            self.step()
+        batch = self.step() if self.has_work else None
+        if self.trace is not None:
+            self.trace.record(start, self.launched_at, [m.req for m in messages or () if isinstance(m, AddReq)], batch,
+                              self.progressed + self.finished)
 
     @property
     def has_work(self) -> bool:
@@ -192,8 +199,9 @@ class Scheduler:
 
     # ---- one step -------------------------------------------------------------------------------
 
-    def step(self) -> None:
-        """Launch the next batch, then read the previous one (overlap) or this one (no overlap).
+    def step(self) -> Batch | None:
+        """Launch the next batch, then read the previous one (overlap) or this one (no overlap); returns the
+        batch launched.
 
         A constrained request's mask needs the matcher to have seen its previous token; its forward pass
         does not (it reads that token from the device's token table). So a batch holding one is launched
@@ -209,12 +217,14 @@ class Scheduler:
                 self._commit(previous)
                 previous = None
             launched = self.engine.sample(forwarded, self._bitmask(batch))
+        self.launched_at = time.monotonic()
         if previous is not None:
             self._commit(previous)
         if self.overlap:
             self.in_flight = launched
         elif launched is not None:
             self._commit(launched)
+        return batch
 
     def _next_batch(self) -> Batch | None:
         """The next batch, its requests' bookkeeping advanced as if it had run, its page-table entries sent.
