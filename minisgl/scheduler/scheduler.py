@@ -87,6 +87,7 @@ class Scheduler:
         self.running: list[Req] = []  # admission order: the last one is the cheapest to retract
         self.reqs: dict[int, Req] = {}
         self.in_flight: LaunchedStep | None = None  # launched, results not read yet (overlap only)
+        self.pending: Batch | None = None  # built, to launch at the next tick's start (see `step`)
         self.finished: list[Req] = []  # finished since the caller last drained it
         self.progressed: list[Req] = []  # got tokens in the last tick and still running (for streaming)
         self.last_step_tokens = 0  # the tokens of the step read in the last tick, as vLLM counts an iteration's
@@ -190,7 +191,7 @@ class Scheduler:
     @property
     def can_step(self) -> bool:
         """There is a batch to launch or a step to read (grammars compiling alone are not that)."""
-        return bool(self.waiting or self.running or self.in_flight)
+        return bool(self.waiting or self.running or self.in_flight or self.pending)
 
     @property
     def constrained(self) -> bool:
@@ -203,13 +204,24 @@ class Scheduler:
         """Launch the next batch, then read the previous one (overlap) or this one (no overlap); returns the
         batch launched.
 
+        A batch with prefill tokens is not a CUDA-graph replay: enqueuing its forward pass costs the host
+        far more than the device needs for the previous step (tens of ms for a small model), so reading the
+        previous step after it would hold that step's tokens, first tokens included, for the whole launch.
+        With overlap, such a batch is built, the previous step read first, and the batch launched at the
+        start of the next tick, after the caller has sent those tokens out. The device only waits for the
+        previous step's tail; pure decode steps overlap as before. (Deterministic: every TP rank decides alike.)
+
         A constrained request's mask needs the matcher to have seen its previous token; its forward pass
         does not (it reads that token from the device's token table). So a batch holding one is launched
         in two halves: forward pass, then (overlap) the previous step read while the device computes,
         then its masks filled and sampling enqueued."""
         self.progressed = []
         previous, self.in_flight = self.in_flight, None
-        batch = self._next_batch()
+        batch, self.pending = self.pending or self._next_batch(), None
+        if batch is not None and previous is not None and not batch.is_decode:
+            self._commit(previous)
+            self.pending = batch
+            return None
         launched = None
         if batch is not None:
             forwarded = self.engine.forward(batch)

@@ -150,3 +150,28 @@ def test_retraction_amid_mixed_steps_keeps_the_greedy_tokens(tiny_models, overla
     assert retracted > 0
     assert any(not b.is_decode and 1 in b.extend_lens for b in batches)  # some steps mixed decodes and chunks
     assert [r.output_ids for r in reqs] == alone(path, reqs)
+
+
+def test_a_step_is_read_before_a_prefill_batch_is_launched(tiny_models):
+    """With overlap, a batch with prefill tokens (costly to launch: no CUDA graph) goes out only in a tick that
+    read nothing, so the tokens read before it reach the caller without waiting for its launch; pure decode
+    batches are launched before the previous step is read, as ever."""
+    llm = engine(tiny_models["qwen3"], max_prefill_tokens=16)
+    sched = llm.scheduler
+    try:
+        batches = record_batches(llm)
+        reqs = [Req(i, p, greedy(12), seed=0) for i, p in enumerate(prompts([5, 40, 7]))]
+        sched.tick([AddReq(reqs[0])])
+        ticks = []  # (batches launched, tokens read) per tick
+        for k in range(200):
+            if not sched.has_work:
+                break
+            launched, before = len(batches), sum(len(r.output_ids) for r in reqs)
+            sched.tick([AddReq(r) for r in reqs[1:]] if k == 2 else [])
+            ticks.append((batches[launched:], sum(len(r.output_ids) for r in reqs) - before))
+    finally:
+        llm.shutdown()
+    assert all(not launched or launched[0].is_decode or read == 0 for launched, read in ticks)
+    assert any(launched and launched[0].is_decode and read for launched, read in ticks)  # decodes still overlap
+    assert sum(1 for launched, _ in ticks if launched and not launched[0].is_decode) >= 3  # 40 tokens, 16 a step
+    assert [len(r.output_ids) for r in reqs] == [12] * 3
