@@ -260,8 +260,8 @@ class Scheduler:
         A step without prefill tokens is a pure decode and replays a CUDA graph; one with prefill tokens runs
         eagerly, and enqueuing it costs the host ~24 ms on qwen3-0.6b whatever its size, which bounds the
         decode tail from below. Hence the server's default of 8192 (vLLM's for its API server; offline
-        benchmarks use 16384): measured on an H100, 2048 and 4096 lowered no ITL p99 at 64-256 streams and
-        raised TTFT (docs/benchmarks.md, 2026-11-25)."""
+        benchmarks use 16384): measured on an H100, 2048 and 4096 raised TTFT by up to 40% and lowered the ITL
+        p99 only at 256 streams (docs/benchmarks.md, 2026-11-25)."""
         reqs, lens = self._decodes()
         self._fill(reqs, lens, self.max_prefill_tokens - len(reqs))
         if not reqs:
