@@ -284,7 +284,7 @@ def test_free_requests_overlap_while_a_grammar_compiles(engines):
     scheduler.sync_and_apply([AddReq(r) for r in fresh(reqs)])
     for _ in range(6):
         scheduler.tick([])
-        assert [r.rid for r in scheduler.compiling] == [92] and scheduler.in_flight is not None
+        assert [r.rid for r in scheduler.compiling] == [92] and (scheduler.in_flight or scheduler.pending)
     progressed_while_compiling = {r.rid: len(r.output_ids) for r in scheduler.running}
     gate.set()
     got = {r.rid: r for r in scheduler.finished}

@@ -15,7 +15,7 @@ class EngineArgs:
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     tp_size: int = 1
     page_size: int = 1
-    max_prefill_tokens: int = 8192
+    max_prefill_tokens: int = 8192  # tokens of one step, decodes and prefill chunks together (see Scheduler)
     cache_type: str = "radix"  # radix | naive
     num_pages: int | None = None  # None: size the pool from memory left after the weights
     max_running_requests: int = 256

@@ -23,6 +23,7 @@ mask row allows everything, and the token drawn for it is dropped like any finis
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ from minisgl.core import Batch, Req, ReqStatus, SamplingParams, TokenLogprob
 from minisgl.distributed import TPGroup
 from minisgl.engine.engine import Engine, LaunchedStep, PromptScores, StepResult
 from minisgl.kvcache import KVCacheManager, make_prefix_cache
+from minisgl.scheduler.trace import StepTrace
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +87,7 @@ class Scheduler:
         self.running: list[Req] = []  # admission order: the last one is the cheapest to retract
         self.reqs: dict[int, Req] = {}
         self.in_flight: LaunchedStep | None = None  # launched, results not read yet (overlap only)
+        self.pending: Batch | None = None  # built, to launch at the next tick's start (see `step`)
         self.finished: list[Req] = []  # finished since the caller last drained it
         self.progressed: list[Req] = []  # got tokens in the last tick and still running (for streaming)
         self.last_step_tokens = 0  # the tokens of the step read in the last tick, as vLLM counts an iteration's
@@ -92,6 +95,8 @@ class Scheduler:
         self.cache_hit_tokens = 0  # prompt tokens served from the prefix cache, over first admissions
         self.prompt_tokens_admitted = 0
         self.shutdown = False
+        self.trace = StepTrace.from_env(tp.is_leader)
+        self.launched_at = 0.0  # when the last tick enqueued its batch (the trace's)
 
     # ---- messages -------------------------------------------------------------------------------
 
@@ -172,9 +177,12 @@ class Scheduler:
         """One lockstep iteration, identical on every rank: agree on the messages, then step if there
         is work. Every driver (offline LLM, server, followers) advances the scheduler only this way."""
         self.last_step_tokens = 0
+        start = time.monotonic()
         self.sync_and_apply(messages)
-        if self.has_work:
-            self.step()
+        batch = self.step() if self.has_work else None
+        if self.trace is not None:
+            self.trace.record(start, self.launched_at, [m.req for m in messages or () if isinstance(m, AddReq)], batch,
+                              self.progressed + self.finished)
 
     @property
     def has_work(self) -> bool:
@@ -183,7 +191,7 @@ class Scheduler:
     @property
     def can_step(self) -> bool:
         """There is a batch to launch or a step to read (grammars compiling alone are not that)."""
-        return bool(self.waiting or self.running or self.in_flight)
+        return bool(self.waiting or self.running or self.in_flight or self.pending)
 
     @property
     def constrained(self) -> bool:
@@ -192,8 +200,18 @@ class Scheduler:
 
     # ---- one step -------------------------------------------------------------------------------
 
-    def step(self) -> None:
-        """Launch the next batch, then read the previous one (overlap) or this one (no overlap).
+    def step(self) -> Batch | None:
+        """Launch the next batch, then read the previous one (overlap) or this one (no overlap); returns the
+        batch launched.
+
+        A batch with prefill tokens is not a CUDA-graph replay: enqueuing its forward pass costs the host
+        far more than the device needs (24 ms for qwen3-0.6b on an H100, whatever the tokens), so reading the
+        previous step after it holds that step's tokens for the whole launch. When that step sampled some
+        request's first token, TTFT matters more than the overlap: the batch is built, the previous step
+        read first, and the batch launched at the start of the next tick, after the caller has sent those
+        tokens out (the device waits only for that step's tail). Otherwise the launch overlaps as ever: doing
+        it for every prefill batch costs a decode step's time per admission, a fifth of the throughput at 256
+        streams. (Deterministic: every TP rank decides alike.)
 
         A constrained request's mask needs the matcher to have seen its previous token; its forward pass
         does not (it reads that token from the device's token table). So a batch holding one is launched
@@ -201,7 +219,11 @@ class Scheduler:
         then its masks filled and sampling enqueued."""
         self.progressed = []
         previous, self.in_flight = self.in_flight, None
-        batch = self._next_batch()
+        batch, self.pending = self.pending or self._next_batch(), None
+        if batch is not None and previous is not None and not batch.is_decode and self._has_first_tokens(previous):
+            self._commit(previous)
+            self.pending = batch
+            return None
         launched = None
         if batch is not None:
             forwarded = self.engine.forward(batch)
@@ -209,18 +231,45 @@ class Scheduler:
                 self._commit(previous)
                 previous = None
             launched = self.engine.sample(forwarded, self._bitmask(batch))
+        self.launched_at = time.monotonic()
         if previous is not None:
             self._commit(previous)
         if self.overlap:
             self.in_flight = launched
         elif launched is not None:
             self._commit(launched)
+        return batch
+
+    @staticmethod
+    def _has_first_tokens(step: LaunchedStep) -> bool:
+        """The step samples some request's first token (its prefill ends there)."""
+        return any(not step.batch.reqs[i].output_ids for i in step.batch.sampled)
 
     def _next_batch(self) -> Batch | None:
-        """The next batch, its requests' bookkeeping advanced as if it had run, its page-table entries sent."""
-        batch = self._prefill_batch() or self._decode_batch()
-        if batch is None:
+        """The next batch, its requests' bookkeeping advanced as if it had run, its page-table entries sent.
+
+        Decode first, then fill: every running request that has only its last token to compute gets one
+        token, and prefill chunks (running requests' unfinished prompts first, then admissions in FIFO
+        order) fill what is left of ONE token budget per step, in the same batch (Sarathi-Serve's stall-free
+        batching, vLLM's chunked prefill). The trade-off is the budget's size: a step costs about its token
+        count once past a few thousand tokens, so a running stream's inter-token gap is at most one
+        budget-sized step (prefill-first makes it wait behind every chunk of every prompt that arrives),
+        while a prompt needs about `len / budget` steps to its first token, so a smaller budget raises TTFT
+        in bursts. `max_prefill_tokens` (--max-num-batched-tokens) is that budget, decodes included; decodes
+        are never dropped to respect it, so a step exceeds it only when more requests decode than it holds.
+        A step without prefill tokens is a pure decode and replays a CUDA graph; one with prefill tokens runs
+        eagerly, and enqueuing it costs the host ~24 ms on qwen3-0.6b whatever its size, which bounds the
+        decode tail from below. Hence the server's default of 8192 (vLLM's for its API server; offline
+        benchmarks use 16384): measured on an H100, 2048 and 4096 raised TTFT by up to 40% and lowered the ITL
+        p99 only at 256 streams (docs/benchmarks.md, 2026-11-25)."""
+        reqs, lens = self._decodes()
+        self._fill(reqs, lens, self.max_prefill_tokens - len(reqs))
+        if not reqs:
             return None
+        batch = self._batch(reqs, lens)
+        batch.scored = [(i, kv, min(kv + n, len(r.prompt_ids) - 1) - kv)
+                        for i, (r, kv, n) in enumerate(zip(reqs, batch.kv_lens, lens))
+                        if r.scores_prompt and kv < len(r.prompt_ids) - 1]
         for req, n in zip(batch.reqs, batch.extend_lens):
             req.kv_len += n
         for i in batch.sampled:
@@ -236,12 +285,9 @@ class Scheduler:
         """The grammars' masks for the batch's sampled requests; None when none of them has a matcher left."""
         return self.grammars.bitmask([batch.reqs[i].rid for i in batch.sampled]) if self.constrained else None
 
-    def _prefill_batch(self) -> Batch | None:
-        """Requests with more than their last token to compute, in order, within the token budget:
-        first the ones already running (chunked prefill goes on), then new admissions."""
-        budget = self.max_prefill_tokens
-        reqs: list[Req] = []
-        lens: list[int] = []
+    def _fill(self, reqs: list[Req], lens: list[int], budget: int) -> None:
+        """Append prefill chunks within `budget` tokens: first the running requests' unfinished prompts (chunked
+        prefill goes on, oldest first), then new admissions in arrival order."""
         for req in self.running:
             todo = req.device_len - req.kv_len
             if todo > 1 and budget > 0:
@@ -267,13 +313,6 @@ class Scheduler:
             reqs.append(req)
             lens.append(n)
             budget -= n
-        if not reqs:
-            return None
-        batch = self._batch(reqs, lens)
-        batch.scored = [(i, kv, min(kv + n, len(r.prompt_ids) - 1) - kv)
-                        for i, (r, kv, n) in enumerate(zip(reqs, batch.kv_lens, lens))
-                        if r.scores_prompt and kv < len(r.prompt_ids) - 1]
-        return batch
 
     def _admit(self, req: Req, budget: int) -> int | None:
         """Move the first waiting request into running with pages for its first chunk; returns the
@@ -300,14 +339,14 @@ class Scheduler:
         self.running.append(req)
         return n
 
-    def _decode_batch(self) -> Batch | None:
-        """Every running request advances by one token; out of pages, retract the newest (never one already
-        in the batch: those come before it)."""
+    def _decodes(self) -> tuple[list[Req], list[int]]:
+        """Every running request with only its last token to compute advances by one token; out of pages,
+        retract the newest (never one already taken: those come before it)."""
         reqs: list[Req] = []
         i = 0
         while i < len(self.running):
             req = self.running[i]
-            if self._awaits_last_token(req):
+            if req.device_len - req.kv_len != 1 or self._awaits_last_token(req):  # prefilling, or nothing to do
                 i += 1
             elif self.kv.reserve(req, 1):
                 reqs.append(req)
@@ -317,7 +356,7 @@ class Scheduler:
             else:  # even alone it does not fit: the pool is smaller than this sequence
                 logger.warning("request %d needs more KV pages than the pool has; finishing it", req.rid)
                 self._finish(req, "length")
-        return self._batch(reqs, [1] * len(reqs)) if reqs else None
+        return reqs, [1] * len(reqs)
 
     def _batch(self, reqs: list[Req], lens: list[int]) -> Batch:
         sampled = [i for i, (r, n) in enumerate(zip(reqs, lens)) if r.kv_len + n == r.device_len]

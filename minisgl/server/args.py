@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="cap on concurrently running requests")
     engine.add_argument("--max-prefill-length", "--chunked-prefill-size", "--max-num-batched-tokens",
                         dest="max_prefill_tokens", type=int,
-                        default=8192, help="token budget of one prefill step; longer prompts are chunked")
+                        default=8192, help="token budget of one step: every running decode, then prefill chunks in "
+                                           "the rest; longer prompts are chunked")
     engine.add_argument("--enable-chunked-prefill", action="store_true",
                         help="vLLM spelling, accepted for its launch commands: prefill is always chunked (by "
                              "--max-prefill-length)")

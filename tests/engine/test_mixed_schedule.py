@@ -1,0 +1,179 @@
+"""The decode-first schedule: every step carries all running decodes, and prefill chunks fill the rest of
+one token budget in the same batch.
+
+Each step's batch is read where the scheduler hands it to the (real) engine. The checks: while a long
+prompt is chunked in, no step leaves a decode out and none exceeds the budget; admission is FIFO and
+starves nobody; with chunks mixed into decodes, retraction and overlap give the greedy tokens of a plain
+run (each request alone, one big prefill, no overlap).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from minisgl import LLM, SamplingParams
+from minisgl.core import Batch, Req
+from minisgl.scheduler import AddReq
+
+DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
+VOCAB = 400
+
+
+def engine(path: str, **kwargs) -> LLM:
+    """A small engine on the test device (fp32, a small pool, short graph capture on a GPU)."""
+    return LLM(path, **{"device": DEVICE, "dtype": "float32", "num_pages": 4096, "cuda_graph_max_bs": 32, **kwargs})
+
+
+def prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, VOCAB) for _ in range(n)] for n in lengths]
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def record_batches(llm: LLM) -> list[Batch]:
+    """The batches the scheduler launches from now on, each checked as it is launched: every running request
+    left out of it is still prefilling, or has nothing left to compute (its last token is in flight)."""
+    sched, forward, seen = llm.scheduler, llm.engine.forward, []
+
+    def checked(batch: Batch):
+        taken = {id(r) for r in batch.reqs}
+        for req in sched.running:
+            if id(req) not in taken:  # after the batch's bookkeeping: a left-out decode still has 1 token to do
+                assert req.device_len - req.kv_len > 1 or sched._awaits_last_token(req), f"decode {req.rid} left out"
+        seen.append(batch)
+        return forward(batch)
+
+    llm.engine.forward = checked
+    return seen
+
+
+def drive(llm: LLM, reqs: list[Req], arrivals: dict[int, list[Req]] | None = None) -> list[Req]:
+    """Tick until every request finished; `arrivals[k]` are added before tick k. Returns them in finish order."""
+    arrivals = arrivals or {}
+    llm.scheduler.tick([AddReq(r) for r in reqs])
+    done, tick = [], 1
+    while llm.scheduler.has_work or any(k >= tick for k in arrivals):
+        llm.scheduler.tick([AddReq(r) for r in arrivals.get(tick, [])])
+        tick += 1
+        done += llm.scheduler.finished
+        llm.scheduler.finished.clear()
+    return done
+
+
+def alone(path: str, reqs: list[Req]) -> list[list[int]]:
+    """The plain run: each request by itself, its prompt in one step, no overlap."""
+    llm = engine(path, overlap_schedule=False)
+    try:
+        return [llm.generate(r.prompt_ids, r.params)[0].token_ids for r in reqs]
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_long_prompt_chunks_in_beside_every_decode_within_the_budget(tiny_models, overlap):
+    path = tiny_models["qwen3"]
+    llm = engine(path, max_prefill_tokens=16, max_running_requests=8, overlap_schedule=overlap)
+    try:
+        batches = record_batches(llm)
+        short = [Req(i, p, greedy(24), seed=0) for i, p in enumerate(prompts([5, 7, 6]))]
+        long = Req(9, prompts([90], seed=1)[0], greedy(4), seed=0)
+        drive(llm, short, arrivals={3: [long]})
+    finally:
+        llm.shutdown()
+    assert all(sum(b.extend_lens) <= 16 for b in batches)
+    chunked = [b for b in batches if long in b.reqs and b.extend_lens[b.reqs.index(long)] > 1]
+    assert len(chunked) >= 6  # 90 tokens next to 3 decodes: 13 a step at most
+    for b in chunked:  # mixed: all three short requests decode in the very step the chunk runs in
+        assert [n for r, n in zip(b.reqs, b.extend_lens) if r is not long] == [1, 1, 1]
+        assert sum(b.extend_lens) == 16 or b is chunked[-1]  # the chunk takes all the room the decodes leave
+    assert [len(r.output_ids) for r in short] == [24] * 3 and len(long.output_ids) == 4
+    assert [r.output_ids for r in [*short, long]] == alone(path, [*short, long])
+
+
+def test_pure_decode_steps_stay_decode_batches(tiny_models):
+    """A step without prefill tokens is a decode batch (CUDA graphs replay those)."""
+    llm = engine(tiny_models["qwen3"], max_prefill_tokens=32)
+    try:
+        batches = record_batches(llm)
+        drive(llm, [Req(i, p, greedy(6), seed=0) for i, p in enumerate(prompts([4, 9]))])
+    finally:
+        llm.shutdown()
+    assert not batches[0].is_decode and all(b.is_decode for b in batches[1:]) and len(batches) >= 6
+
+
+def test_admission_is_fifo_and_starves_no_one(tiny_models):
+    """More requests than may run, arriving over time, long and short mixed: they start (first token) in
+    arrival order, and every running one gets a token in every step until it finishes."""
+    llm = engine(tiny_models["qwen2"], max_prefill_tokens=24, max_running_requests=3)
+    lengths = [40, 3, 30, 5, 60, 4, 8, 50]
+    reqs = [Req(i, p, greedy(5 + i % 3), seed=0) for i, p in enumerate(prompts(lengths, seed=2))]
+    first_token_at: dict[int, int] = {}
+    try:
+        batches = record_batches(llm)
+        sched = llm.scheduler
+        sched.tick([AddReq(r) for r in reqs[:5]])
+        for k in range(1, 200):
+            if not sched.has_work and k > 4:
+                break
+            sched.tick([AddReq(r) for r in reqs[5:]] if k == 4 else [])
+            for r in reqs:
+                if r.output_ids and r.rid not in first_token_at:
+                    first_token_at[r.rid] = k
+    finally:
+        llm.shutdown()
+    assert all(r.finish_reason == "length" for r in reqs)
+    order = sorted(first_token_at, key=lambda rid: (first_token_at[rid], rid))
+    assert order == [r.rid for r in reqs]
+    assert all(sum(b.extend_lens) <= 24 for b in batches)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_retraction_amid_mixed_steps_keeps_the_greedy_tokens(tiny_models, overlap):
+    """A pool too small for all of them: decodes retract the newest request while others are still being
+    chunked in; everyone still ends with the tokens of a plain run."""
+    path = tiny_models["qwen2"]
+    llm = engine(path, page_size=4, num_pages=30, max_prefill_tokens=12, max_running_requests=4,
+                 overlap_schedule=overlap)
+    reqs = [Req(i, p, greedy(24), seed=0) for i, p in enumerate(prompts([10, 26, 14, 20], seed=3))]
+    try:
+        batches = record_batches(llm)
+        drive(llm, reqs)
+        retracted = llm.stats()["num_retracted"]
+    finally:
+        llm.shutdown()
+    assert retracted > 0
+    assert any(not b.is_decode and 1 in b.extend_lens for b in batches)  # some steps mixed decodes and chunks
+    assert [r.output_ids for r in reqs] == alone(path, reqs)
+
+
+def test_first_tokens_are_read_before_a_prefill_batch_is_launched(tiny_models):
+    """With overlap, a batch with prefill tokens (costly to launch: no CUDA graph) goes out only in a tick that
+    read no first token, so first tokens reach the caller without waiting for that launch; other steps are
+    read after the next batch is launched, as ever."""
+    llm = engine(tiny_models["qwen3"], max_prefill_tokens=16)
+    sched = llm.scheduler
+    try:
+        batches = record_batches(llm)
+        reqs = [Req(i, p, greedy(12), seed=0) for i, p in enumerate(prompts([5, 40, 7, 20]))]
+        sched.tick([AddReq(reqs[0])])
+        ticks = []  # (batches launched, first tokens read, tokens read) per tick
+        for k in range(200):
+            if not sched.has_work:
+                break
+            launched, started = len(batches), [bool(r.output_ids) for r in reqs]
+            before = sum(len(r.output_ids) for r in reqs)
+            sched.tick([AddReq(r) for r in reqs[1:]] if k == 2 else [])
+            ticks.append((batches[launched:], sum(bool(r.output_ids) for r in reqs) - sum(started),
+                          sum(len(r.output_ids) for r in reqs) - before))
+    finally:
+        llm.shutdown()
+    prefill_launches = [first for launched, first, _ in ticks if launched and not launched[0].is_decode]
+    assert len(prefill_launches) >= 4 and not any(prefill_launches)  # 40 + 7 + 20 tokens, 16 a step
+    assert any(launched and read for launched, _, read in ticks)  # decodes still overlap
+    assert [len(r.output_ids) for r in reqs] == [12] * 4
