@@ -20,6 +20,7 @@ import json
 import os
 import re
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -100,7 +101,7 @@ class Grammars:
     """The scheduler's grammars: compilations under way, and one matcher per constrained request that
     was admitted and has not finished (running, or retracted and waiting again)."""
 
-    def __init__(self, tokenizer_path: str, vocab_size: int, eos_ids: list[int]):
+    def __init__(self, tokenizer_path: str, vocab_size: int, eos_ids: list[int], device: str | torch.device = "cpu"):
         self.vocab_size = vocab_size
         self.pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar")
         # The tokenizer loads in the pool too: the first constrained request pays for it, the loop never does.
@@ -108,7 +109,7 @@ class Grammars:
         self.compiling: dict[int, Future] = {}  # rid -> compiled grammar, in arrival order
         self.matchers: dict[int, "xgrammar.GrammarMatcher"] = {}
         self._filler: "xgrammar.BatchGrammarMatcher | None" = None
-        self._mask: torch.Tensor | None = None  # reused: allocating 5 MB of ones per step cost more than filling
+        self._masks = MaskStaging(torch.device(device), (vocab_size + 31) // 32)
 
     @staticmethod
     def _make_compiler(tokenizer_path: str, vocab_size: int, eos_ids: list[int]) -> "xgrammar.GrammarCompiler":
@@ -148,9 +149,9 @@ class Grammars:
         return matcher.is_terminated()
 
     def bitmask(self, rids: list[int]) -> torch.Tensor | None:
-        """[len(rids), ceil(V/32)] int32 on the host: each constrained request's allowed tokens, all
-        ones for the others; None when none of them is constrained. A view of a buffer the next call refills (the
-        step that reads it has been copied to the device by then)."""
+        """[len(rids), ceil(V/32)] int32 on the device: each constrained request's allowed tokens, all ones
+        for the others; None when none of them is constrained. Valid for the step it is filled for: the
+        buffer is refilled two calls later (see `MaskStaging`)."""
         import xgrammar as xgr
 
         rows = [i for i, rid in enumerate(rids) if rid in self.matchers]
@@ -158,14 +159,11 @@ class Grammars:
             return None
         if self._filler is None:  # one thread: threads cost more than they saved at tens of microseconds a row
             self._filler = xgr.BatchGrammarMatcher(max_threads=1)
-        held = 0 if self._mask is None else len(self._mask)
-        if held < len(rids):
-            self._mask = xgr.allocate_token_bitmask(max(len(rids), 2 * held), self.vocab_size)
-        mask = self._mask[:len(rids)]
+        mask = self._masks.host(len(rids))
         if len(rows) < len(rids):
             mask[[i for i, rid in enumerate(rids) if rid not in self.matchers]] = -1  # all allowed
         self._filler.batch_fill_next_token_bitmask([self.matchers[rids[i]] for i in rows], mask, rows)
-        return mask
+        return self._masks.ship()
 
     def release(self, rid: int) -> None:
         """The request finished (or was aborted): forget its matcher or compilation."""
@@ -173,3 +171,68 @@ class Grammars:
         future = self.compiling.pop(rid, None)
         if future is not None:
             future.cancel()
+
+
+class MaskStaging:
+    """The host buffer a step's bitmask is filled into, and its copy to the device.
+
+    On a GPU the masks (5 MB at batch 256 of a 150k vocabulary) are filled into pinned memory and copied by
+    a side stream, while the forward pass still runs; the compute stream waits for the copy only where
+    sampling starts. A copy from pageable memory would instead hold the host until the device reached it
+    (the end of the forward pass), and on the compute stream it would queue behind the forward pass.
+    Two slots alternate, so that a fill never overwrites memory a copy or a sampling step may still read:
+    a slot comes back two steps later, after its copy (the host waits for that) and after the sampling
+    that read it (the side stream waits for the compute stream's position at the step between). On the
+    CPU, the host buffer is the mask, and one slot would do."""
+
+    def __init__(self, device: torch.device, words: int):
+        self.device, self.words, self.turn = device, words, 0
+        self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self.slots = [_Slot(), _Slot()]
+
+    def host(self, rows: int) -> torch.Tensor:
+        """[rows, words] host memory that no copy or sampling step reads any more, to fill."""
+        previous, self.turn = self.slots[self.turn], 1 - self.turn
+        slot = self.slots[self.turn]
+        if self.cuda:
+            previous.read = torch.cuda.Event()
+            previous.read.record()  # after everything enqueued so far: the sampling that read `previous`
+            if slot.copied is not None:
+                slot.copied.synchronize()
+        if slot.capacity < rows:
+            self._grow(slot, max(rows, 2 * slot.capacity))
+        slot.rows = rows
+        return slot.host[:rows]
+
+    def ship(self) -> torch.Tensor:
+        """The buffer `host` returned, as filled, on the device (its copy enqueued before sampling)."""
+        slot = self.slots[self.turn]
+        if not self.cuda:
+            return slot.host[:slot.rows]
+        with torch.cuda.stream(self.stream):
+            if slot.read is not None:
+                self.stream.wait_event(slot.read)
+            slot.device[:slot.rows].copy_(slot.host[:slot.rows], non_blocking=True)
+            slot.copied = torch.cuda.Event()
+            slot.copied.record()
+        torch.cuda.current_stream(self.device).wait_event(slot.copied)
+        return slot.device[:slot.rows]
+
+    def _grow(self, slot: "_Slot", rows: int) -> None:
+        if self.cuda:  # rare (the batch outgrew every earlier one): nothing may still use the old buffers
+            torch.cuda.synchronize(self.device)
+        slot.host = torch.empty(rows, self.words, dtype=torch.int32, pin_memory=self.cuda)
+        if self.cuda:
+            slot.device = torch.empty(rows, self.words, dtype=torch.int32, device=self.device)
+        slot.capacity = rows
+
+
+@dataclass
+class _Slot:
+    host: torch.Tensor | None = None
+    device: torch.Tensor | None = None
+    capacity: int = 0
+    rows: int = 0
+    copied: "torch.cuda.Event | None" = None  # the copy from `host` is done: the host may refill it
+    read: "torch.cuda.Event | None" = None  # the sampling that read `device` is done: a copy may overwrite it
