@@ -26,6 +26,7 @@ import torch
 
 from minisgl.constrained.staging import MaskStaging
 from minisgl.core import Constraint
+from minisgl.kernels import use_triton
 
 if TYPE_CHECKING:
     import xgrammar
@@ -89,13 +90,18 @@ def _clean(message: str) -> str:
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """Set the logits of the tokens a row's bitmask leaves out to -inf, in place, vectorised over the
-    batch (xgrammar's Triton kernel on a GPU, its C++ loop on the CPU). Bit j of word i allows token
-    32 * i + j; a row of all ones (-1) changes nothing. `Grammars.bitmask` hands it over on the logits'
-    device already; a host bitmask is copied there first."""
-    import xgrammar as xgr
+    """Set the logits of the tokens a row's bitmask leaves out to -inf, in place, vectorised over the batch.
+    Bit j of word i allows token 32 * i + j; a row of all ones (-1) changes nothing. `Grammars.bitmask` hands
+    it over on the logits' device already; a host bitmask is copied there first. On a GPU, one Triton kernel
+    (`minisgl.kernels.bitmask`); this torch code is its reference."""
+    bitmask = bitmask.to(logits.device, non_blocking=True)
+    if use_triton(logits):
+        from minisgl.kernels.bitmask import apply_bitmask_triton
 
-    xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True))
+        apply_bitmask_triton(logits, bitmask)
+        return
+    token = torch.arange(logits.shape[-1], device=logits.device)
+    logits.masked_fill_(((bitmask[:, token // 32] >> (token % 32)) & 1) == 0, float("-inf"))
 
 
 class Grammars:
