@@ -6,7 +6,8 @@
 W1's 256 prompts (100-1024 random tokens) and output budgets (100-1024 tokens), temperature 0.6, dummy weights,
 run twice: free, then every request constrained by one JSON schema (an object holding a list of strings, so
 that a random model keeps writing until its budget). Output tok/s counts the tokens each run really produced.
-The grammar's compilation is timed apart (once; the cache serves it afterwards).
+The first constrained request is timed apart: it loads the tokenizer, compiles the grammar (cached by its
+text afterwards) and the mask kernel (one Triton compile for every batch size).
 
 --host-only times, without a model or a GPU, what a constrained decode step costs the host through the
 scheduler's own calls: `Grammars.accept` for each row's new token, then `Grammars.bitmask` for the batch
