@@ -100,7 +100,7 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
 
         apply_bitmask_triton(logits, bitmask)
         return
-    token = torch.arange(logits.shape[-1], device=logits.device)
+    token = torch.arange(logits.shape[-1], device=logits.device, dtype=torch.int32)
     logits.masked_fill_(((bitmask[:, token // 32] >> (token % 32)) & 1) == 0, float("-inf"))
 
 
