@@ -1,11 +1,18 @@
 """The cost of structured decoding under W1-style load: output tok/s with and without a JSON schema.
 
     python benchmarks/structured.py --config ../shared/models/qwen3-0.6b.json
+    python benchmarks/structured.py --config ../shared/models/qwen3-0.6b.json --host-only [--rows 256]
 
 W1's 256 prompts (100-1024 random tokens) and output budgets (100-1024 tokens), temperature 0.6, dummy weights,
 run twice: free, then every request constrained by one JSON schema (an object holding a list of strings, so
 that a random model keeps writing until its budget). Output tok/s counts the tokens each run really produced.
-The grammar's compilation is timed apart (once; the cache serves it afterwards).
+The first constrained request is timed apart: it loads the tokenizer, compiles the grammar (cached by its
+text afterwards) and the mask kernel (one Triton compile for every batch size).
+
+--host-only times, without a model or a GPU, what a constrained decode step costs the host through the
+scheduler's own calls: `Grammars.accept` for each row's new token, then `Grammars.bitmask` for the batch
+(the matchers each take a random token their mask allows, so most rows sit inside the schema's strings, as
+with a random model). On a GPU that host time runs while the forward pass does.
 
 The grammar needs a tokenizer the size of the model's vocabulary, and there is no model hub: a synthetic
 byte-level BPE of that size is built (every byte, then merges of an earlier token and a letter into words of up
@@ -22,10 +29,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from minisgl import LLM, SamplingParams
+from minisgl.constrained import Grammars
 from minisgl.core import Constraint
 
 SCHEMA = {"type": "object", "properties": {"title": {"type": "string"},
@@ -75,10 +84,62 @@ def run(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> tup
     return time.perf_counter() - start, sum(len(o.token_ids) for o in outs)
 
 
+def random_allowed(masks: torch.Tensor, vocab: int, gen: torch.Generator) -> list[int]:
+    """For each row of a host bitmask, a token it allows, drawn uniformly (as a random model would): the first
+    allowed one of 64 random candidates, or where none is, one of all it allows."""
+    candidates = torch.randint(0, vocab, (len(masks), 64), generator=gen)
+    allowed = (masks.gather(1, candidates // 32) >> (candidates % 32)) & 1
+    tokens = candidates.gather(1, allowed.argmax(1, keepdim=True))[:, 0]
+    for i in torch.nonzero(allowed.sum(1) == 0)[:, 0].tolist():
+        every = torch.nonzero(((masks[i, :, None] >> torch.arange(32, dtype=torch.int32)) & 1).flatten()[:vocab])
+        tokens[i] = every[torch.randint(len(every), (1,), generator=gen), 0]
+    return tokens.tolist()
+
+
+def host_only(config_path: str, rows: int, steps: int) -> None:
+    """Per-step host cost of `rows` constrained requests: matcher advance and mask fill (ms, median and p90)."""
+    path = model_dir(config_path)
+    config = json.loads((Path(path) / "config.json").read_text())
+    eos = config["eos_token_id"] if isinstance(config["eos_token_id"], list) else [config["eos_token_id"]]
+    grammars = Grammars(path, config["vocab_size"], eos)
+    schema = Constraint("json_schema", json.dumps(SCHEMA))
+    rids = list(range(rows))
+    for rid in rids:
+        grammars.start(rid, schema)
+    for rid in rids:
+        grammars.activate(rid)
+    gen = torch.Generator().manual_seed(0)
+    accept_s, fill_s = [], []
+    mask = grammars.bitmask(rids)
+    for _ in range(steps):
+        tokens = random_allowed(mask, config["vocab_size"], gen)
+        start = time.perf_counter()
+        for rid, token in zip(rids, tokens):
+            if grammars.accept(rid, token):  # a finished request's place goes to a new one
+                grammars.matchers[rid].reset()
+        filled = time.perf_counter()
+        mask = grammars.bitmask(rids)
+        accept_s.append(filled - start)
+        fill_s.append(time.perf_counter() - filled)
+
+    def ms(times: list[float], q: float) -> float:
+        return round(1e3 * sorted(times)[int(q * (len(times) - 1))], 3)
+
+    print(json.dumps({"model": Path(config_path).stem, "workload": "structured-host", "rows": rows, "steps": steps,
+                      "accept_ms_p50": ms(accept_s, .5), "accept_ms_p90": ms(accept_s, .9),
+                      "bitmask_ms_p50": ms(fill_s, .5), "bitmask_ms_p90": ms(fill_s, .9)}), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="a model config.json (e.g. ../shared/models/*.json)")
+    parser.add_argument("--host-only", action="store_true", help="time the host side of a constrained step alone")
+    parser.add_argument("--rows", type=int, default=256, help="--host-only: requests in the batch")
+    parser.add_argument("--steps", type=int, default=200, help="--host-only: steps timed")
     args = parser.parse_args()
+    if args.host_only:
+        host_only(args.config, args.rows, args.steps)
+        return
     llm = LLM(model_dir(args.config), dtype="bfloat16", dummy_weights=True, max_seq_len=4096,
               max_prefill_tokens=16384, max_running_requests=256)
     rng = random.Random(0)

@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from minisgl.constrained.staging import MaskStaging
 from minisgl.core import Constraint
+from minisgl.kernels import use_triton
 
 if TYPE_CHECKING:
     import xgrammar
@@ -88,19 +90,25 @@ def _clean(message: str) -> str:
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """Set the logits of the tokens a row's bitmask leaves out to -inf, in place, vectorised over the
-    batch (xgrammar's CUDA kernel on a GPU, its C++ loop on the CPU). Bit j of word i allows token
-    32 * i + j; a row of all ones (-1) changes nothing."""
-    import xgrammar as xgr
+    """Set the logits of the tokens a row's bitmask leaves out to -inf, in place, vectorised over the batch.
+    Bit j of word i allows token 32 * i + j; a row of all ones (-1) changes nothing. `Grammars.bitmask` hands
+    it over on the logits' device already; a host bitmask is copied there first. On a GPU, one Triton kernel
+    (`minisgl.kernels.bitmask`); this torch code is its reference."""
+    bitmask = bitmask.to(logits.device, non_blocking=True)
+    if use_triton(logits):
+        from minisgl.kernels.bitmask import apply_bitmask_triton
 
-    xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True))
+        apply_bitmask_triton(logits, bitmask)
+        return
+    token = torch.arange(logits.shape[-1], device=logits.device, dtype=torch.int32)
+    logits.masked_fill_(((bitmask[:, token // 32] >> (token % 32)) & 1) == 0, float("-inf"))
 
 
 class Grammars:
     """The scheduler's grammars: compilations under way, and one matcher per constrained request that
     was admitted and has not finished (running, or retracted and waiting again)."""
 
-    def __init__(self, tokenizer_path: str, vocab_size: int, eos_ids: list[int]):
+    def __init__(self, tokenizer_path: str, vocab_size: int, eos_ids: list[int], device: str | torch.device = "cpu"):
         self.vocab_size = vocab_size
         self.pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar")
         # The tokenizer loads in the pool too: the first constrained request pays for it, the loop never does.
@@ -108,7 +116,7 @@ class Grammars:
         self.compiling: dict[int, Future] = {}  # rid -> compiled grammar, in arrival order
         self.matchers: dict[int, "xgrammar.GrammarMatcher"] = {}
         self._filler: "xgrammar.BatchGrammarMatcher | None" = None
-        self._mask: torch.Tensor | None = None  # reused: allocating 5 MB of ones per step cost more than filling
+        self._masks = MaskStaging(torch.device(device), (vocab_size + 31) // 32)
 
     @staticmethod
     def _make_compiler(tokenizer_path: str, vocab_size: int, eos_ids: list[int]) -> "xgrammar.GrammarCompiler":
@@ -148,9 +156,9 @@ class Grammars:
         return matcher.is_terminated()
 
     def bitmask(self, rids: list[int]) -> torch.Tensor | None:
-        """[len(rids), ceil(V/32)] int32 on the host: each constrained request's allowed tokens, all
-        ones for the others; None when none of them is constrained. A view of a buffer the next call refills (the
-        step that reads it has been copied to the device by then)."""
+        """[len(rids), ceil(V/32)] int32 on the device: each constrained request's allowed tokens, all ones
+        for the others; None when none of them is constrained. Valid for the step it is filled for: the
+        buffer is refilled two calls later (see `MaskStaging`)."""
         import xgrammar as xgr
 
         rows = [i for i, rid in enumerate(rids) if rid in self.matchers]
@@ -158,14 +166,11 @@ class Grammars:
             return None
         if self._filler is None:  # one thread: threads cost more than they saved at tens of microseconds a row
             self._filler = xgr.BatchGrammarMatcher(max_threads=1)
-        held = 0 if self._mask is None else len(self._mask)
-        if held < len(rids):
-            self._mask = xgr.allocate_token_bitmask(max(len(rids), 2 * held), self.vocab_size)
-        mask = self._mask[:len(rids)]
+        mask = self._masks.host(len(rids))
         if len(rows) < len(rids):
             mask[[i for i, rid in enumerate(rids) if rid not in self.matchers]] = -1  # all allowed
         self._filler.batch_fill_next_token_bitmask([self.matchers[rids[i]] for i in rows], mask, rows)
-        return mask
+        return self._masks.ship()
 
     def release(self, rid: int) -> None:
         """The request finished (or was aborted): forget its matcher or compilation."""
@@ -173,3 +178,4 @@ class Grammars:
         future = self.compiling.pop(rid, None)
         if future is not None:
             future.cancel()
+

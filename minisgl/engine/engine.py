@@ -272,8 +272,8 @@ class Engine:
     @torch.inference_mode()
     def sample(self, step: ForwardedStep, bitmask: torch.Tensor | None = None) -> LaunchedStep:
         """Enqueue sampling after `step`'s forward pass; sampled tokens go into the token table on the device
-        and into pinned host memory, which `LaunchedStep.result()` waits for. `bitmask` (host, one row per
-        sampled request) holds the tokens their grammars allow."""
+        and into pinned host memory, which `LaunchedStep.result()` waits for. `bitmask` (one row per sampled
+        request, on the device or the host) holds the tokens their grammars allow."""
         batch, logits, picked = step.batch, step.logits, step.batch.sampled
         if not picked:
             return LaunchedStep(batch, [torch.zeros(0, dtype=torch.int64), None, None, None, None], self._done(),
