@@ -193,7 +193,7 @@ def test_fp8_tp2_equals_tp1(tmp_path, quantization):
     assert max_gap(tp1, tp2) < 1e-4
 
 
-def test_tp_slice_inside_a_weight_block_is_refused(fp8_models):
+def test_tp2_slice_inside_a_weight_block_is_refused(fp8_models):
     """32-row blocks and 2 ranks: each rank's 16 KV rows would begin inside a block."""
     with pytest.raises(ValueError, match="not aligned to the FP8 weight blocks of 32"):
         llm(fp8_models["qwen3"], tp_size=2)
