@@ -9,7 +9,7 @@
 #   docker.io/library/minisgl-operator:0.1.0   operator/Dockerfile on the same base
 # Each archive is rebuilt only when its inputs changed (a key over the files that go into it).
 # pip inside a build reaches PyPI; where only the host trusts the proxy's CA, PIP_CERT names the host's bundle
-# and it is bind-mounted for the RUN steps only (never in a layer). Needs: install-node.sh. Run as root.
+# and it is bind-mounted over the image's own bundle for the RUN steps only (never in a layer). Needs: install-node.sh. Run as root.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${MINISGL_K8S_IMAGES:-$HOME/.cache/minisgl-k8s/images}
@@ -58,15 +58,16 @@ if [ "$(cat "$OUT/base.key" 2>/dev/null)" != "$BASE_PKGS" ] || ! buildah inspect
 fi
 
 BUILD=(buildah bud --isolation chroot --layers --build-arg "BASE=$BASE")
+# Mounted over paths the base already has, so that no empty mount point is left in a layer.
 if [ -n "${PIP_CERT:-}" ]; then
-  BUILD+=(--volume "$PIP_CERT:/run/pip-cert.pem:ro" --build-arg PIP_CERT=/run/pip-cert.pem)
+  BUILD+=(--volume "$PIP_CERT:/etc/ssl/certs/ca-certificates.crt:ro" --build-arg PIP_CERT=/etc/ssl/certs/ca-certificates.crt)
 fi
 
 # Server image, CPU variant.
 WHEEL=$(cd "$TORCH_WHEEL_DIR" && ls torch-2.13.0+cpu-cp311-*.whl | head -1)
 K=$(key Dockerfile .dockerignore pyproject.toml README.md minisgl)-$(echo "$WHEEL" | sha256sum | cut -c1-8)
 if ! fresh minisgl-cpu "$K"; then
-  "${BUILD[@]}" --volume "$TORCH_WHEEL_DIR:/wheels:ro" --build-arg "TORCH=/wheels/$WHEEL" \
+  "${BUILD[@]}" --volume "$TORCH_WHEEL_DIR:/mnt:ro" --build-arg "TORCH=/mnt/$WHEEL" \
     -t "docker.io/library/minisgl:$VERSION-cpu" -f "$ROOT/Dockerfile" "$ROOT"
   save minisgl-cpu "$K" "docker.io/library/minisgl:$VERSION-cpu"
 fi
