@@ -7,7 +7,7 @@
 #       --model Qwen/Qwen3-0.6B --host 0.0.0.0
 #
 # Without a registry (tests/k8s/build-images.sh): BASE is a locally committed Debian rootfs and TORCH a
-# wheel file bind-mounted for the build (buildah bud -v DIR:/wheels --build-arg TORCH=/wheels/torch-...whl).
+# wheel file bind-mounted for the build (buildah bud -v DIR:/mnt --build-arg TORCH=/mnt/torch-...whl).
 #
 # BASE must be Debian or Ubuntu with Python >= 3.10 in apt. The default is a pinned CUDA runtime; the
 # PyTorch wheel brings its own CUDA libraries, the base brings the driver glue the NVIDIA runtime expects.
