@@ -6,13 +6,16 @@
 #             with ServiceAccount tokens; the host through the bridge IP), kube-controller-manager, kube-scheduler
 #   node      containerd + runc (CRI, cgroupfs, overlayfs), the CNI bridge, kubelet, kube-proxy (iptables),
 #             cluster DNS (dnsmasq fed from the API by svc-dns.sh; no upstream: outside names fail at once)
-# Binaries: build-binaries.sh. Images: build-images.sh (every oci-archive there is imported; no registry).
+# Binaries: build-binaries.sh. Images: build-images.sh (its oci-archives are imported; no registry).
 # Run as root; stop with stop-cluster.sh, which puts back everything this changes. Prints KUBECONFIG=... last.
 set -euo pipefail
 H=$(cd "$(dirname "$0")" && pwd)
 BIN=${MINISGL_K8S_BIN:-$HOME/.cache/minisgl-k8s/bin}
 IMAGES=${MINISGL_K8S_IMAGES:-$HOME/.cache/minisgl-k8s/images}
 R=${MINISGL_K8S_RUN:-${TMPDIR:-/tmp}/minisgl-k8s}
+# containerd's root (image content and snapshots) is a cache like the archives: importing the server image
+# takes most of a start, so an archive is imported again only when it was rebuilt.
+CROOT=${MINISGL_K8S_CONTAINERD:-$HOME/.cache/minisgl-k8s/containerd}
 NODE_IP=10.244.0.1 API_PORT=16443 ETCD_PORT=23790
 NODE=${NODE_NAME:-$(hostname | tr 'A-Z' 'a-z')}
 SOCK=/run/minisgl-k8s/containerd.sock
@@ -24,10 +27,10 @@ ts() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(ts)" 'BEGIN{printf "%.1fs", b-a}'; }
 spawn() { # spawn <name> <cmd...>: in the background, logged, its PID saved for stop-cluster.sh
   local name=$1; shift; "$@" > "$R/logs/$name.log" 2>&1 & echo $! > "$R/pids/$name"; }
-wait_for() { # wait_for <name> <timeout_s> <cmd...>
+wait_for() { # wait_for <name> <timeout_s> <cmd...>: until cmd succeeds, while process <name> lives
   local name=$1 t=$2 t0; shift 2; t0=$(ts)
   for _ in $(seq 1 $((t * 5))); do
-    "$@" >/dev/null 2>&1 && { echo "$name up in $(since "$t0")"; return 0; }
+    "$@" >/dev/null 2>&1 && { echo "${WHAT:-$name up} in $(since "$t0")"; return 0; }
     kill -0 "$(cat "$R/pids/$name")" 2>/dev/null || { echo "$name exited:"; tail -20 "$R/logs/$name.log"; exit 1; }
     sleep 0.2
   done; echo "$name not up after ${t}s:"; tail -20 "$R/logs/$name.log"; exit 1; }
@@ -88,7 +91,7 @@ sed "s#@R@#$R#g" > "$R/cni/net.d/10-minisgl.conflist" <<'CNI'
 CNI
 cat > "$R/containerd.toml" <<TOML
 version = 2
-root = "$R/containerd"
+root = "$CROOT"
 state = "/run/minisgl-k8s/containerd"
 [grpc]
   address = "$SOCK"
@@ -108,8 +111,13 @@ state = "/run/minisgl-k8s/containerd"
 TOML
 spawn containerd containerd --config "$R/containerd.toml"
 wait_for containerd 30 ctr -a $SOCK version
-for f in "$IMAGES"/*.oci.tar; do ctr -a $SOCK -n k8s.io images import "$f" >/dev/null; done
-echo "images: $(ctr -a $SOCK -n k8s.io images ls -q | tr '\n' ' ')"
+t0=$(ts); mkdir -p "$CROOT/imported"
+for f in "$IMAGES"/*.oci.tar; do
+  name=$(basename "$f" .oci.tar)
+  cmp -s "$IMAGES/$name.key" "$CROOT/imported/$name.key" && continue
+  ctr -a $SOCK -n k8s.io images import "$f" >/dev/null && cp "$IMAGES/$name.key" "$CROOT/imported/$name.key"
+done
+echo "images imported in $(since "$t0"): $(ctr -a $SOCK -n k8s.io images ls -q | grep -v '^sha256:' | tr '\n' ' ')"
 
 # Cluster DNS on the node IP.
 spawn dnsmasq dnsmasq --keep-in-foreground --no-resolv --no-hosts --listen-address=$NODE_IP --bind-interfaces \
@@ -129,6 +137,6 @@ spawn proxy "$BIN/kube-proxy" --kubeconfig="$KC" --hostname-override="$NODE" --b
   --proxy-mode=iptables --cluster-cidr=10.244.0.0/24 --conntrack-max-per-core=0 --oom-score-adj=0 \
   --metrics-bind-address=127.0.0.1:10249 --healthz-bind-address=127.0.0.1:10256
 wait_for proxy 60 curl -sf http://127.0.0.1:10256/healthz
-wait_for kubelet 120 sh -c "kubectl get node '$NODE' -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
+WHAT="node Ready" wait_for kubelet 120 sh -c "kubectl get node '$NODE' -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
 echo "cluster up in $(since "$T0")"
 echo "KUBECONFIG=$KC"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stop what start-cluster.sh started and put the machine back: every process by its saved PID (node first,
 # etcd last), the pods' containers, shims and network namespaces, mounts, cgroups, iptables rules and chains,
-# the bridge and route, and the kernel settings. Logs stay in $MINISGL_K8S_RUN/logs. Safe to run twice.
+# the bridge and route, and the kernel settings. Logs stay in $MINISGL_K8S_RUN/logs, imported images in
+# containerd's root (a cache). Safe to run twice.
 set -uo pipefail
 BIN=${MINISGL_K8S_BIN:-$HOME/.cache/minisgl-k8s/bin}
 R=${MINISGL_K8S_RUN:-${TMPDIR:-/tmp}/minisgl-k8s}
@@ -31,7 +32,8 @@ for p in /proc/[0-9]*; do
 done
 stop controller-manager; stop apiserver 10; stop etcd 10
 
-awk '{print $2}' /proc/mounts | grep -E "^($R|/run/minisgl-k8s)/" | sort -r \
+CROOT=${MINISGL_K8S_CONTAINERD:-$HOME/.cache/minisgl-k8s/containerd}
+awk '{print $2}' /proc/mounts | grep -E "^($R|$CROOT|/run/minisgl-k8s)/" | sort -r \
   | while read -r m; do umount "$m" 2>/dev/null || umount -l "$m"; done
 for d in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do   # kubelet's pod cgroups, deepest first
   [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null
@@ -49,5 +51,5 @@ ip link del k8sbr0 2>/dev/null
 if [ -f "$R/sysctl.saved" ]; then
   while read -r k v; do echo "$v" > "/proc/sys/$k"; done < "$R/sysctl.saved"; rm -f "$R/sysctl.saved"
 fi
-rm -rf "$R/containerd" "$R/kubelet" "$R/etcd" /run/minisgl-k8s
+rm -rf "$R/kubelet" "$R/etcd" /run/minisgl-k8s   # (containerd's root, with the imported images, is a cache)
 echo "cluster stopped"

@@ -72,17 +72,26 @@ def wait_until(what: str, probe, timeout: float = 180, node: Node | None = None,
                          f"{node.describe() if node else ''}")
 
 
+_NODE = pytest.StashKey[Node]()
+
+
 @pytest.fixture(scope="session", name="node")
-def node_fixture() -> Node:
+def node_fixture(request) -> Node:
+    """One cluster for the whole session. Each test module that imports this fixture gets its own copy of
+    it, so the cluster lives in the config's stash and is stopped when pytest ends."""
     if os.environ.get("MINISGL_K8S_NODE") != "1":
         pytest.skip("the one-node cluster tier runs with MINISGL_K8S_NODE=1 (root; tests/k8s/build-binaries.sh "
                     "and tests/k8s/build-images.sh first)")
-    run_dir = Path(os.environ.get("MINISGL_K8S_RUN", "/tmp/minisgl-k8s"))
-    try:
+    config = request.config
+    if _NODE not in config.stash:
+        def stop() -> None:
+            subprocess.run(["bash", str(K8S / "stop-cluster.sh")], capture_output=True, timeout=300)
+
+        config.add_cleanup(stop)
         started = subprocess.run(["bash", str(K8S / "start-cluster.sh")], capture_output=True, text=True, timeout=600)
         if started.returncode != 0:
+            stop()  # (safe twice) so that another module's attempt starts from a clean machine
             pytest.fail(f"start-cluster.sh failed:\n{started.stdout}\n{started.stderr}")
         kubeconfig = started.stdout.strip().splitlines()[-1].removeprefix("KUBECONFIG=")
-        yield Node(kubeconfig, run_dir)
-    finally:
-        subprocess.run(["bash", str(K8S / "stop-cluster.sh")], capture_output=True, timeout=300)
+        config.stash[_NODE] = Node(kubeconfig, Path(os.environ.get("MINISGL_K8S_RUN", "/tmp/minisgl-k8s")))
+    return config.stash[_NODE]
