@@ -25,7 +25,6 @@ CHART = ROOT / "helm"
 @dataclass
 class Node:
     kubeconfig: str
-    run_dir: Path
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "KUBECONFIG": self.kubeconfig}
@@ -93,5 +92,5 @@ def node_fixture(request) -> Node:
             stop()  # (safe twice) so that another module's attempt starts from a clean machine
             pytest.fail(f"start-cluster.sh failed:\n{started.stdout}\n{started.stderr}")
         kubeconfig = started.stdout.strip().splitlines()[-1].removeprefix("KUBECONFIG=")
-        config.stash[_NODE] = Node(kubeconfig, Path(os.environ.get("MINISGL_K8S_RUN", "/tmp/minisgl-k8s")))
+        config.stash[_NODE] = Node(kubeconfig)
     return config.stash[_NODE]
