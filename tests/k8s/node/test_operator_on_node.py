@@ -69,9 +69,10 @@ def test_a_model_becomes_ready_pods_and_true_status_columns(node):
 
 def test_kubectl_scale_goes_through_the_scale_subresource(node):
     node.kubectl("scale", "msm/demo", "-n", NS, "--replicas=2")
-    assert node.get("deployment", "demo", "-n", NS)["spec"]["replicas"] in (1, 2)  # the operator follows
+    assert node.get("msm", "demo", "-n", NS)["spec"]["replicas"] == 2  # /scale wrote the spec
     wait_until("2 ready pods", lambda: status(node, "demo").get("readyReplicas") == 2
                and status(node, "demo").get("phase") == "Ready", node=node, timeout=240)
+    assert node.get("deployment", "demo", "-n", NS)["spec"]["replicas"] == 2
     assert len(ready_pods(node, "demo")) == 2 and columns(node, "demo")["READY"] == "2"
 
 
