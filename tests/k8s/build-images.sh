@@ -64,7 +64,8 @@ if [ -n "${PIP_CERT:-}" ]; then
 fi
 
 # Server image, CPU variant.
-WHEEL=$(cd "$TORCH_WHEEL_DIR" && ls torch-2.13.0+cpu-cp311-*.whl | head -1)
+WHEEL=$(find "$TORCH_WHEEL_DIR" -maxdepth 1 -name 'torch-2.13.0+cpu-cp311-*.whl' -printf '%f\n' | head -1)
+[ -n "$WHEEL" ] || { echo "no torch 2.13.0 CPU wheel for Python 3.11 in $TORCH_WHEEL_DIR (TORCH_WHEEL_DIR)"; exit 1; }
 K=$(key Dockerfile .dockerignore pyproject.toml README.md minisgl)-$(echo "$WHEEL" | sha256sum | cut -c1-8)
 if ! fresh minisgl-cpu "$K"; then
   "${BUILD[@]}" --volume "$TORCH_WHEEL_DIR:/mnt:ro" --build-arg "TORCH=/mnt/$WHEEL" \

@@ -17,7 +17,7 @@ R=${MINISGL_K8S_RUN:-${TMPDIR:-/tmp}/minisgl-k8s}
 # takes most of a start, so an archive is imported again only when it was rebuilt.
 CROOT=${MINISGL_K8S_CONTAINERD:-$HOME/.cache/minisgl-k8s/containerd}
 NODE_IP=10.244.0.1 API_PORT=16443 ETCD_PORT=23790
-NODE=${NODE_NAME:-$(hostname | tr 'A-Z' 'a-z')}
+NODE=${NODE_NAME:-$(hostname | tr '[:upper:]' '[:lower:]')}
 SOCK=/run/minisgl-k8s/containerd.sock
 KC=$R/kubeconfig
 [ -e "$R/pids" ] && [ -n "$(ls "$R/pids")" ] && { echo "$R/pids is not empty: run stop-cluster.sh first"; exit 1; }

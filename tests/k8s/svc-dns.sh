@@ -8,6 +8,6 @@ while :; do
   kubectl --kubeconfig="$KC" get svc -A -o json 2>/dev/null | jq -r '.items[]
     | select(.spec.clusterIP != null and .spec.clusterIP != "None")
     | "\(.spec.clusterIP) \(.metadata.name).\(.metadata.namespace).svc.cluster.local"' > "$NEW"
-  cmp -s "$NEW" "$OUT" && rm -f "$NEW" || mv "$NEW" "$OUT"
+  if cmp -s "$NEW" "$OUT"; then rm -f "$NEW"; else mv "$NEW" "$OUT"; fi
   sleep 1
 done
