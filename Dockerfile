@@ -6,6 +6,9 @@
 #   docker run --gpus all -p 1919:1919 -v hf-cache:/home/minisgl/.cache minisgl:0.1.0 \
 #       --model Qwen/Qwen3-0.6B --host 0.0.0.0
 #
+# Without a registry (tests/k8s/build-images.sh): BASE is a locally committed Debian rootfs and TORCH a
+# wheel file bind-mounted for the build (buildah bud -v DIR:/mnt --build-arg TORCH=/mnt/torch-...whl).
+#
 # BASE must be Debian or Ubuntu with Python >= 3.10 in apt. The default is a pinned CUDA runtime; the
 # PyTorch wheel brings its own CUDA libraries, the base brings the driver glue the NVIDIA runtime expects.
 ARG BASE=nvidia/cuda:12.8.1-runtime-ubuntu24.04
@@ -15,6 +18,11 @@ FROM ${BASE} AS build
 ARG TORCH_VERSION=2.13.0
 # PyPI's wheel is the CUDA build on Linux x86_64; the CPU image uses PyTorch's CPU index.
 ARG TORCH_INDEX_URL=https://pypi.org/simple
+# What pip installs as torch: the pinned version from the index above, or a wheel file the build mounts.
+ARG TORCH=torch==${TORCH_VERSION}
+# A CA bundle for pip where PyPI is reached through a TLS-intercepting proxy: a path mounted for the build
+# only (unset by default; the runtime stage never sees it).
+ARG PIP_CERT
 ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # The versions are the base release's own: pinning them here would tie this file to one base.
 # hadolint ignore=DL3008
@@ -23,7 +31,9 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-RUN pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+# TORCH pins the version (torch==VERSION, or a wheel file of it); hadolint cannot see through the variable.
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "${TORCH}"
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY minisgl ./minisgl

@@ -47,10 +47,19 @@ def _container_failure(cs: dict) -> tuple[str, str] | None:
         if reason == "CrashLoopBackOff" and last.get("reason") == "OOMKilled":
             reason = "OOMKilled"
         detail = waiting.get("message") or (f"last exit: {last.get('reason')} ({last.get('exitCode')})" if last else "")
+        said = _last_line(last.get("message"))
+        detail = f"{detail}. Its last log line: {said}" if said else detail
         return reason, f"container {cs['name']}: {reason} after {restarts} restart(s). {detail}".strip()
     if terminated.get("reason") == "OOMKilled":
         return "OOMKilled", f"container {cs['name']} was OOM-killed (exit {terminated.get('exitCode')})"
     return None
+
+
+def _last_line(message: str | None) -> str:
+    """The last line of a termination message: with FallbackToLogsOnError, the end of the log, where a
+    server that could not start says why (a traceback's final line names the exception)."""
+    lines = [ln.strip() for ln in (message or "").splitlines() if ln.strip()]
+    return lines[-1][:500] if lines else ""
 
 
 def deployment_failure(deployment: dict) -> Failure | None:

@@ -41,7 +41,7 @@ class Cluster:
 @pytest.fixture(scope="session", name="cluster")
 def cluster_fixture(tmp_path_factory) -> Cluster:
     if not binaries_present():
-        message = f"no kube-apiserver/kube-controller-manager in {BIN} or no etcd: run tests/k8s/build-apiserver.sh"
+        message = f"no kube-apiserver/kube-controller-manager in {BIN} or no etcd: run tests/k8s/build-binaries.sh"
         if os.environ.get("MINISGL_K8S_REQUIRED") == "1":
             pytest.fail(message)
         pytest.skip(message)

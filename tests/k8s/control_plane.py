@@ -1,6 +1,6 @@
 """A real Kubernetes control plane on 127.0.0.1 for the operator tests: etcd, kube-apiserver and
 kube-controller-manager (ReplicaSets, pods, garbage collection). No scheduler and no kubelet: pods stay
-Pending unless a test writes their status. Binaries: tests/k8s/build-apiserver.sh."""
+Pending unless a test writes their status. Binaries: tests/k8s/build-binaries.sh."""
 
 from __future__ import annotations
 

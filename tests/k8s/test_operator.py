@@ -214,12 +214,19 @@ def test_status_follows_the_pods_and_is_never_ready_while_one_crash_loops(cluste
     ({"model": "Qwen/Qwen3-8B", "strategy": "BlueGreen"}, "spec.strategy"),
     ({"model": "Qwen/Qwen3-8B", "device": "tpu"}, "spec.device"),
     ({"model": "not a model id"}, "spec.model"),
-    ({"tp": 1}, "spec.model"),
+    ({"tp": 1}, "spec.model"),  # nothing to serve: neither a model nor demo: true
+    ({"demo": False}, "spec.demo"),
 ])
 def test_invalid_resource_is_rejected_by_the_crd_schema(cluster, namespace, spec, field):
     with pytest.raises(DynamicApiError) as err:
         create_model(cluster, namespace, "bad", spec)
     assert err.value.status == 422 and field in err.value.summary()
+
+
+def test_a_demo_resource_needs_no_model(cluster, namespace):
+    create_model(cluster, namespace, "d", {"demo": True, "device": "cpu"})
+    dep = wait_for("the Deployment", lambda: deployment(cluster, namespace, "d"), log=cluster.log)
+    assert server_container(dep)["args"][0] == "--demo"
 
 
 def test_spec_the_chart_refuses_is_degraded_not_applied(cluster, namespace):

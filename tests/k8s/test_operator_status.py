@@ -39,6 +39,16 @@ def test_pod_failures_are_named(status, reason):
     assert pod_failure(pod(**status), GPU).reason == reason
 
 
+def test_a_crash_loop_names_the_servers_last_log_line():
+    """With FallbackToLogsOnError the termination message is the log's end: its last line says why."""
+    log = "Traceback (most recent call last):\n  ...\nModelLoadError: model '/models/nope' is not a local directory\n"
+    crash = container(restarts=2, state={"waiting": {"reason": "CrashLoopBackOff"}},
+                      lastState={"terminated": {"reason": "Error", "exitCode": 1, "message": log}})
+    message = pod_failure(pod(containerStatuses=[crash]), GPU).message
+    assert message.endswith("last exit: Error (1). Its last log line: ModelLoadError: model '/models/nope' is not a "
+                            "local directory"), message
+
+
 @pytest.mark.parametrize("status", [
     {},  # just created, nothing scheduled it yet
     {"phase": "Pending", "containerStatuses": [container(state={"waiting": {"reason": "ContainerCreating"}})]},

@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# Build kube-apiserver and kube-controller-manager v1.20.2 from Debian bookworm's `kubernetes` source
-# package with Debian's Go, for the operator tests (no binary downloads: apt only; run as root).
-# Also installs etcd. Skips the build when the binaries are already in $MINISGL_K8S_BIN.
-# About 4 minutes on 2 idle cores.
+# Build Kubernetes v1.20.2 (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy)
+# from Debian bookworm's `kubernetes` source package with Debian's Go: apt only, no binary downloads; run
+# as root. Also installs etcd. The binaries are cached in $MINISGL_K8S_BIN, keyed on this script's hash
+# (bin/.key): built only when missing or when this script changed. About 10 minutes on 2 idle cores.
 set -euo pipefail
 BIN=${MINISGL_K8S_BIN:-$HOME/.cache/minisgl-k8s/bin}
-if [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/kube-controller-manager" ] && command -v etcd >/dev/null; then
-  echo "kube-apiserver, kube-controller-manager and etcd present ($BIN)"; exit 0
+KEY=$(sha256sum "$0" | cut -c1-16)
+WHAT="kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy"
+if [ "$(cat "$BIN/.key" 2>/dev/null)" = "$KEY" ] && command -v etcd >/dev/null; then
+  echo "Kubernetes binaries and etcd present ($BIN, key $KEY)"; exit 0
 fi
 W=$(mktemp -d "${TMPDIR:-/tmp}/minisgl-k8s-build.XXXXXX")
 trap 'rm -rf "$W"' EXIT
 if ! grep -rqs '^Types: deb-src' /etc/apt/sources.list.d/ /etc/apt/sources.list; then
-  printf 'Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: bookworm bookworm-updates\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
-    > /etc/apt/sources.list.d/debian-src.sources
+  # source packages from the machine's own Debian archive
+  sed -n '/^Types: deb$/,/^$/p' /etc/apt/sources.list.d/debian.sources | sed '/^#/d; s/^Types: deb$/Types: deb-src/' \
+    | awk 'BEGIN{RS=""; ORS="\n\n"} NR==1' > /etc/apt/sources.list.d/debian-src.sources
 fi
 apt-get update -q
 apt-get install -y -q --no-install-recommends golang-go dpkg-dev rsync jq etcd-server \
@@ -29,7 +32,8 @@ for m in modern-go/reflect2 json-iterator/go; do
 done
 mkdir -p .go/src/k8s.io && ln -sfn ../../.. .go/src/k8s.io/kubernetes
 export GOPATH=$PWD/.go CGO_ENABLED=0 HOME=$W/home; mkdir -p "$HOME"
-make WHAT="cmd/kube-apiserver cmd/kube-controller-manager"
+make WHAT="$(for b in $WHAT; do printf 'cmd/%s ' "$b"; done)"
 mkdir -p "$BIN"
-cp _output/bin/kube-apiserver _output/bin/kube-controller-manager "$BIN"/
+for b in $WHAT; do cp "_output/bin/$b" "$BIN/"; done
+echo "$KEY" > "$BIN/.key"
 ls -la "$BIN"
