@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 import torch
-from conftest import DEVICE, hf_greedy, hf_model
+from helpers import DEVICE, hf_greedy, hf_model
 
 PROMPT = "The capital of France is"
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],

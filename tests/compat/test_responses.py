@@ -8,7 +8,7 @@ import time
 
 import openai
 import pytest
-from server_utils import pages_all_free
+from server_fixtures import pages_all_free
 from websockets.sync.client import connect
 
 TOOL = {"type": "function", "name": "get_time", "parameters": {
