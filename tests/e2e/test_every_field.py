@@ -311,6 +311,11 @@ RESPONSES_PROBES = {
     != f.text(max_output_tokens=64),
     "repetition_penalty": lambda f: f.text(repetition_penalty=3.0, max_output_tokens=64)
     != f.text(max_output_tokens=64),
+    "include": lambda f: len(f.ok(include=["message.output_text.logprobs"])["output"][-1]["content"][0]["logprobs"])
+    == f.usage()[1] and f.ok(include=["reasoning.encrypted_content"])["status"] in ("completed", "incomplete"),
+    "top_logprobs": lambda f: {len(lp["top_logprobs"]) for lp in f.ok(
+        include=["message.output_text.logprobs"], top_logprobs=3)["output"][-1]["content"][0]["logprobs"]} == {3}
+    and f.refused("top_logprobs", top_logprobs=3),
 }
 
 FRONTS = {
