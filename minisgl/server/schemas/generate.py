@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
+from pydantic import BaseModel, ConfigDict, Field, RootModel, WithJsonSchema, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from minisgl.core import Constraint
@@ -70,8 +70,9 @@ class GenerateBody(StrictRequest):
     model: Text = Field(None, description="optional; when given, the served model's name",
                         json_schema_extra={SERVED_MODEL_MARK: True})
     # SGLang's logprob fields, at the values that ask for nothing (its clients send them): logprobs are not served.
-    return_logprob: Literal[False] | None = Field(None, description="SGLang's; only false (no logprobs here)")
-    top_logprobs_num: Literal[0] | None = Field(None, description="SGLang's; only 0")
+    return_logprob: Annotated[bool, WithJsonSchema({"type": "boolean", "enum": [False]})] | None = Field(
+        None, description="SGLang's; only false (no logprobs here)")
+    top_logprobs_num: integer(ge=0, le=0) | None = Field(None, description="SGLang's; only 0")
     logprob_start_len: integer(ge=-1) | None = Field(None, description="SGLang's; without return_logprob it "
                                                                       "changes nothing")
 
