@@ -29,10 +29,10 @@ fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 gpus=$(nvidia-smi -L | wc -l)
 
-subset="tests/gpu tests/test_triton_attention.py tests/test_fused_moe.py tests/test_fused_ops.py tests/test_overlap.py
-        tests/test_engine_vs_hf.py tests/test_sampling_e2e.py tests/test_scheduler.py tests/test_structured.py
-        tests/test_prompt_logprobs.py tests/test_sampler.py tests/test_prefix_cache.py tests/test_gemv.py
-        tests/test_fp8_kv.py tests/kernels tests/engine/test_mask_staging.py tests/engine/test_mixed_schedule.py
+subset="tests/gpu tests/kernels tests/engine/test_overlap.py tests/engine/test_engine_vs_hf.py
+        tests/engine/test_sampling_e2e.py tests/engine/test_scheduler.py tests/engine/test_structured.py
+        tests/engine/test_prompt_logprobs.py tests/engine/test_sampler.py tests/engine/test_prefix_cache.py
+        tests/engine/test_fp8_kv.py tests/engine/test_mask_staging.py tests/engine/test_mixed_schedule.py
         tests/engine/test_fp8_weights.py"
 case ${TESTS:-subset} in
   subset) tests=$(for f in $subset; do [ -e "$f" ] && echo "$f"; done) ;;

@@ -1,23 +1,16 @@
-"""Shared fixtures: tiny random checkpoints of every architecture and the transformers oracle."""
+"""Shared fixtures: tiny random checkpoints of every architecture. Helpers are in helpers.py (imported first:
+it chooses Triton's interpreter on the CPU before any kernel module is imported), real servers in
+server_fixtures.py."""
 
 from __future__ import annotations
 
 import os
-import random
-
-# The same suite runs on a GPU with MINISGL_TEST_DEVICE=cuda (CI runs it on the CPU). On the CPU, Triton
-# kernels run in Triton's interpreter; it must be chosen before any kernel module is imported.
-DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
-if DEVICE == "cpu":
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
-import torch
+from helpers import ARCHS, DEVICE
 
-from minisgl import LLM
 from minisgl.tools.tiny_model import make_tiny_model
 
-ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe"]
 collect_ignore = ["gpu"] if DEVICE == "cpu" else []  # tests/gpu/ is GPU-only: nothing to run here
 # The one-node Kubernetes tier changes the machine (root, iptables, containerd): .ci/run runs it apart, with
 # MINISGL_K8S_NODE=1, after building its binaries and images.
@@ -32,47 +25,7 @@ def tiny_models(tmp_path_factory) -> dict[str, str]:
     return {arch: str(make_tiny_model(root / arch, arch=arch, seed=0)) for arch in ARCHS}
 
 
-def random_prompts(lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
-
-
-def make_llm(path: str, **kwargs) -> LLM:
-    """An engine on the test device, fp32 unless told, with a small KV pool: on a GPU the default
-    pool takes most of the memory, and tests keep several engines alive at once. CUDA graphs up to
-    batch 32 keep the capture short."""
-    kwargs = {"device": DEVICE, "dtype": "float32", "num_pages": 4096, "cuda_graph_max_bs": 32, **kwargs}
-    return LLM(path, **kwargs)
-
-
-_HF_CACHE: dict[str, torch.nn.Module] = {}
-
-
-def hf_model(path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    key = f"{path}:{dtype}"
-    if key not in _HF_CACHE:
-        _HF_CACHE[key] = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(DEVICE).eval()
-    return _HF_CACHE[key]
-
-
-def hf_logprobs(path: str, prompt: list[int], output: list[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """log_softmax of transformers' logits at the positions that predicted each output token."""
-    with torch.no_grad():
-        logits = hf_model(path, dtype)(torch.tensor([prompt + output], device=DEVICE)).logits[0].float()
-    return torch.log_softmax(logits[len(prompt) - 1: len(prompt) + len(output) - 1], -1).cpu()
-
-
-def hf_greedy(path: str, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """transformers' own greedy generate, one prompt at a time (no padding), EOS ignored. The attention mask is
-    given: inferred, it would hide prompt tokens equal to the pad id (a BOS that doubles as padding)."""
-    model = hf_model(path)
-    outs = []
-    with torch.no_grad():
-        for prompt in prompts:
-            prompt_ids = torch.tensor([prompt], device=DEVICE)
-            ids = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), max_new_tokens=max_new_tokens,
-                                 min_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
-            outs.append(ids[0, len(prompt):].tolist())
-    return outs
+@pytest.fixture(scope="module")
+def client(server):
+    """The real `openai` client against the module's `server` fixture (each module that uses it says which)."""
+    return server.openai_client()

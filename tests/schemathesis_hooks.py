@@ -1,4 +1,4 @@
-"""Schemathesis hooks for the fuzz test (tests/test_hardening_fuzz.py): positive_data_acceptance, made exact.
+"""Schemathesis hooks for the fuzz test (tests/e2e/test_hardening.py): positive_data_acceptance, made exact.
 
 A schema-valid request must be accepted, except where a JSON schema cannot say in advance that it will be
 refused: a prompt longer than the context (code context_length_exceeded), more sequences (prompts x n)

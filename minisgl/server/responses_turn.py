@@ -21,12 +21,15 @@ from minisgl.core import Constraint
 from minisgl.server.boundary import CheckedRequest
 from minisgl.server.conversations import conversation, forced_call, functions, output_parser, tool_use
 from minisgl.server.errors import ApiError, failure
+from minisgl.server.ipc import LogprobEntry
 from minisgl.server.parsers.output import OutputParser, ToolUse
 from minisgl.server.pipeline import Answer, Choice, outputs, usage
 from minisgl.server.plan import Output, Plan
 from minisgl.server.responses_store import ResponseStore, Stored
 from minisgl.server.schemas.chat import ChatMessage
+from minisgl.server.schemas.logprobs import TokenLogprob, chat_logprobs
 from minisgl.server.schemas.responses import (
+    OUTPUT_LOGPROBS,
     FunctionCallItem,
     FunctionToolChoice,
     JsonObjectFormat,
@@ -84,11 +87,20 @@ def responses_plan(body: ResponsesRequest, history: list[dict], use: ToolUse | N
     thinking_off = body.reasoning is not None and body.reasoning.effort == "none"
     messages = [ChatMessage.model_validate(turn).template_form() for turn in system + turns]  # as chat renders them
     prompt = conversation(messages, tools, use, {"enable_thinking": False} if thinking_off else None)
-    called = forced_call(functions(tool_functions(body)) or {}, use)
+    # A forced call decides this turn's output (OpenAI's and vLLM's reading): text.format is for text answers.
+    constraints = forced_call(functions(tool_functions(body)) or {}, use) or text_format(body)
+    logprobs = wants_logprobs(body)
+    if body.top_logprobs is not None and not logprobs:
+        raise ApiError(400, f"top_logprobs needs include {OUTPUT_LOGPROBS!r}", param="top_logprobs")
     return Plan(model=body.model, prompt=prompt, sampling=body.common_sampling() | {
-        "max_tokens": body.max_output_tokens}, renamed={"max_tokens": "max_output_tokens"},
-        constraints=text_format(body) + called, user=body.user,
-        output=Output(stream=body.stream, background=bool(body.background)))
+        "max_tokens": body.max_output_tokens, "logprobs": (body.top_logprobs or 0) if logprobs else None},
+        renamed={"max_tokens": "max_output_tokens", "logprobs": "top_logprobs"}, constraints=constraints,
+        logprob_counts={"top_logprobs": body.top_logprobs} if body.top_logprobs is not None else {},
+        user=body.user, output=Output(stream=body.stream, background=bool(body.background)))
+
+
+def wants_logprobs(body: ResponsesRequest) -> bool:
+    return OUTPUT_LOGPROBS in (body.include or [])
 
 
 def head_of(body: ResponsesRequest, model: str) -> ResponseObject:
@@ -116,7 +128,7 @@ class ResponsesAnswer(Answer):
                  state: ServerState, store: ResponseStore, keep: Callable[[Stored], None] | None):
         self.body, self.history, self.use, self.state = body, history, use, state
         self.store, self.keep = store, keep
-        self.constrained = bool(plan.constraints)
+        self.constrained, self.output = bool(plan.constraints), plan.output
         self.head = head_of(body, state.args.served_model_name)
         self.numbers = itertools.count()  # the stream's sequence numbers
 
@@ -136,13 +148,18 @@ class ResponsesAnswer(Answer):
         """The response once its sequence has run to its end: its output items, usage and status."""
         parser = self.parser(choice)
         delta = parser.step(choice.text, choice.finish)
-        message = [MessageItem(content=[OutputTextPart(text=delta.content)])] if delta.content or not delta.calls \
-            else []
+        part = OutputTextPart(text=delta.content, logprobs=self.logprobs(choice.logprobs))
+        message = [MessageItem(content=[part])] if delta.content or not delta.calls else []
         self.head.output = ([ReasoningItem(content=[ReasoningText(text=delta.reasoning)])] if delta.reasoning
                             else []) + message + [FunctionCallItem(name=call.name, arguments=call.arguments)
                                                   for call in delta.calls]
         self.head.usage = ResponseUsage.of(usage)
         return finished(self.head, choice.finish)
+
+    def logprobs(self, entries: list[LogprobEntry]) -> list[TokenLogprob]:
+        """The output tokens' logprobs, as an output_text part has them (include message.output_text.logprobs;
+        all the output's tokens, reasoning and calls too, go with its text)."""
+        return chat_logprobs(entries, self.output.tokens_as_ids).content
 
     def whole(self, choices: list[Choice], usage: Usage) -> ResponseObject:
         head = self.filled(choices[0], usage)
@@ -186,6 +203,7 @@ class ResponsesAnswer(Answer):
         yield self.event("response.created", response=dump(head))
         yield self.event("response.in_progress", response=dump(head))
         items: list[ReasoningItem | MessageItem | FunctionCallItem] = []
+        pending: list[TokenLogprob] = []  # output logprobs not yet sent with a text delta
 
         def opened(kind: type) -> list[dict]:
             """Close the open item if it is of another kind and open one of `kind`; the events that says."""
@@ -211,8 +229,10 @@ class ResponsesAnswer(Answer):
                 said = [self.event("response.reasoning_text.done", item_id=item.id, output_index=index, content_index=0,
                               text=part.text)]
             else:
+                part.logprobs += pending  # what no text delta carried
+                pending.clear()
                 said = [self.event("response.output_text.done", item_id=item.id, output_index=index, content_index=0,
-                              text=part.text, logprobs=[]),
+                              text=part.text, logprobs=dump_all(part.logprobs)),
                         self.event("response.content_part.done", item_id=item.id, output_index=index, content_index=0,
                               part=dump(part))]
             return said + [self.event("response.output_item.done", output_index=index, item=dump(item))]
@@ -224,8 +244,13 @@ class ResponsesAnswer(Answer):
                 if text:
                     out += opened(kind)
                     items[-1].content[0].text += text
+                    carried = []
+                    if kind is MessageItem:  # the logprobs so far go with the text
+                        carried, pending[:] = list(pending), []
+                        items[-1].content[0].logprobs += carried
                     out.append(self.event(f"response.{name}.delta", item_id=items[-1].id, output_index=len(items) - 1,
-                                     content_index=0, delta=text, **({"logprobs": []} if kind is MessageItem else {})))
+                                     content_index=0, delta=text,
+                                      **({"logprobs": dump_all(carried)} if kind is MessageItem else {})))
             return out
 
         def called(call) -> list[dict]:
@@ -243,6 +268,7 @@ class ResponsesAnswer(Answer):
                           self.event("response.output_item.done", output_index=index, item=dump(item))]
 
         async for _, out in outputs(self.state, choices):
+            pending += self.logprobs(out.logprobs)
             delta = parser.step(out.text, out.finish_reason)
             for e in said(delta.reasoning, delta.content) + [e for call in delta.calls for e in called(call)]:
                 yield e
@@ -261,3 +287,7 @@ class ResponsesAnswer(Answer):
 
 def dump(model: BaseModel) -> dict:
     return model.model_dump(mode="json")
+
+
+def dump_all(models: list[BaseModel]) -> list[dict]:
+    return [dump(model) for model in models]

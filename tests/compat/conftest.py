@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from server_utils import Server
+from server_fixtures import Server
 from template_models import with_bos_token
 from transformers import AutoTokenizer
 

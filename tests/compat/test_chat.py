@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from server_utils import Server
+from server_fixtures import Server
 
 MESSAGES = [{"role": "system", "content": "You are a helpful AI assistant"},
             {"role": "user", "content": "What is the capital of France?"}]

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 import torch
-from conftest import DEVICE, hf_greedy, hf_model
+from helpers import DEVICE, hf_greedy, hf_model
 
 PROMPT = "The capital of France is"
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
@@ -413,3 +413,18 @@ def test_return_hidden_states_are_the_models(bos_server, bos_model, client):
     with pytest.raises(openai.BadRequestError) as refused:
         client.completions.create(model="demo", prompt=PROMPT, max_tokens=1, extra_body={"return_hidden_states": True})
     assert refused.value.body["param"] == "return_hidden_states"
+
+
+def test_token_id_keys_are_always_in_a_whole_choice(http):
+    """vLLM basic/test_return_token_ids.py: a non-streamed choice always has `token_ids` and `prompt_token_ids`
+    (`"prompt_token_ids" in choice`), null unless return_token_ids asks for them; streamed chunks carry them
+    only when asked."""
+    body = {"model": "demo", "prompt": "Hello", "max_tokens": 2}
+    plain = http.post("/v1/completions", json=body).json()["choices"][0]
+    assert "token_ids" in plain and "prompt_token_ids" in plain
+    assert plain["token_ids"] is None and plain["prompt_token_ids"] is None
+    asked = http.post("/v1/completions", json=body | {"return_token_ids": True}).json()["choices"][0]
+    assert len(asked["token_ids"]) == 2 and asked["prompt_token_ids"]
+    with http.stream("POST", "/v1/completions", json=body | {"stream": True}) as resp:
+        chunks = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: {")]
+    assert chunks and all("token_ids" not in c["choices"][0] for c in chunks)

@@ -126,6 +126,7 @@ def test_matched_stop_token(http):
      "sampling_params.min_new_tokens"),
     ({"text": "a", "sampling_params": {"stream": True}}, 400, "give it at the request's top level"),
     ({"text": "a", "return_logprob": True}, 400, "return_logprob is not supported"),
+    ({"text": "a", "top_logprobs_num": 2}, 400, "top_logprobs_num is not supported"),
     ({"input_ids": [10 ** 9]}, 400, "token ids"),
     ({"text": "a", "model": "other"}, 404, "does not exist"),
 ])
@@ -144,3 +145,12 @@ def test_text_is_encoded_with_the_bos_ids_as_they_are(bos_server, bos_tokenizer)
     assert text["meta_info"]["prompt_tokens"] == len(bos_tokenizer("Hello there").input_ids)
     assert bos_tokenizer("Hello there").input_ids[0] == bos_tokenizer.bos_token_id
     assert ids["meta_info"]["prompt_tokens"] == 3
+
+
+def test_sglangs_no_op_logprob_fields_are_taken(http):
+    """SGLang's test_cache_report.py::test_generate and test_json_constrained.py send return_logprob false,
+    top_logprobs_num 0 and logprob_start_len 0 (SGLang's no-ops): answered as without them."""
+    body = {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 4, **GREEDY}}
+    plain = generate(http, **body)
+    told = generate(http, **body, return_logprob=False, top_logprobs_num=0, logprob_start_len=0)
+    assert told["output_ids"] == plain["output_ids"] and told["text"] == plain["text"]

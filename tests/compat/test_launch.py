@@ -13,9 +13,9 @@ import time
 import httpx
 import openai
 import pytest
-from conftest import DEVICE
+from helpers import DEVICE
 from prometheus_client.parser import text_string_to_metric_families
-from server_utils import Server
+from server_fixtures import Server
 
 import minisgl
 from minisgl.distributed import free_port

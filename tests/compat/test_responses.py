@@ -8,7 +8,7 @@ import time
 
 import openai
 import pytest
-from server_utils import pages_all_free
+from server_fixtures import pages_all_free
 from websockets.sync.client import connect
 
 TOOL = {"type": "function", "name": "get_time", "parameters": {
@@ -327,3 +327,40 @@ def test_orca_load_report_on_responses(client):
         assert streamed.headers["endpoint-load-metrics"].startswith("JSON ")
         assert streamed.read()
     assert "endpoint-load-metrics" not in client.responses.with_raw_response.create(**args).headers
+
+
+def test_include_output_logprobs_whole_and_streamed(client, http):
+    """The Agents SDK sends `include` on every call: message.output_text.logprobs is served (each output token's
+    logprob and top_logprobs alternatives, as chat's logprobs give them), the values naming outputs this server
+    never makes are taken with nothing to add (as vLLM takes them), top_logprobs alone is a 400 naming it."""
+    args = dict(model="demo", input="The capital of France is", max_output_tokens=5, temperature=0)
+    whole = client.responses.create(**args, include=["message.output_text.logprobs"], top_logprobs=2)
+    logprobs = whole.output[-1].content[0].logprobs
+    chat = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": args["input"]}],
+                                          max_tokens=5, temperature=0, logprobs=True, top_logprobs=2)
+    expected = chat.choices[0].logprobs.content
+    assert [lp.token for lp in logprobs] == [c.token for c in expected]
+    assert [lp.logprob for lp in logprobs] == pytest.approx([c.logprob for c in expected], abs=1e-3)
+    assert len(logprobs) == whole.usage.output_tokens and all(len(lp.top_logprobs) == 2 for lp in logprobs)
+    events = list(client.responses.create(**args, include=["message.output_text.logprobs"], top_logprobs=2,
+                                          stream=True))
+    streamed = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert [lp.token for lp in streamed] == [lp.token for lp in done.logprobs] == [lp.token for lp in logprobs]
+    others = client.responses.create(**args, include=["reasoning.encrypted_content", "file_search_call.results"])
+    assert others.output_text == whole.output_text and others.output[-1].content[0].logprobs == []
+    refused = http.post("/v1/responses", json=args | {"top_logprobs": 2})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "top_logprobs"
+    unknown = http.post("/v1/responses", json=args | {"include": ["no.such.thing"]})
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "include"
+
+
+def test_a_forced_call_with_a_text_format(client):
+    """instructor's RESPONSES_TOOLS: a forced tool choice together with text.format json_schema is taken (as
+    OpenAI and vLLM take it): the forced call decides the turn's output, the format is for text answers."""
+    schema = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}
+    resp = client.responses.create(model="demo", input="What time is it?", max_output_tokens=40, tools=[TOOL],
+                                   tool_choice={"type": "function", "name": "get_time"},
+                                   text={"format": {"type": "json_schema", "name": "Time", "schema": schema}})
+    calls = [item for item in resp.output if item.type == "function_call"]
+    assert [call.name for call in calls] == ["get_time"] and json.loads(calls[0].arguments)["zone"] in ("UTC", "CET")

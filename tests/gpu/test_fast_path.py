@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ARCHS, hf_logprobs, make_llm, random_prompts
+from helpers import ARCHS, hf_logprobs, make_llm, random_prompts
 
 from minisgl import LLM, SamplingParams
 from minisgl.core import Req

@@ -1,6 +1,6 @@
 """The fast path (Triton over an fp8 pool, CUDA graphs, overlap) in bf16 (GPU only: see conftest.py).
 
-In fp32 it equals transformers over fp8-rounded K/V (tests/test_fp8_kv.py, run with MINISGL_TEST_DEVICE=cuda).
+In fp32 it equals transformers over fp8-rounded K/V (tests/engine/test_fp8_kv.py, run with MINISGL_TEST_DEVICE=cuda).
 In bf16 both engines round differently from that truth: bf16 noise tips some values across an e4m3 rounding
 boundary (a whole fp8 step, ~6%), and these tiny random models amplify it (on the CPU the torch reference in
 bf16 strays 0.2 to 3 from the truth). Two bf16 implementations are two draws of that noise, so the fast path
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ARCHS, make_llm
+from engine.test_fp8_kv import FP8_TOLERANCE, oracle_distance
+from helpers import ARCHS, make_llm
 from test_fast_path import PARAMS, PROMPTS
-from test_fp8_kv import FP8_TOLERANCE, oracle_distance
 
 
 @pytest.mark.parametrize("arch", ARCHS)

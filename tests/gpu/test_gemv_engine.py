@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_llm
+from helpers import make_llm
 from test_fast_path import PARAMS, PROMPTS, assert_same_greedy
 
 from minisgl.kernels import gemv as gemv_module

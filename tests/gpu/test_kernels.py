@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_fused_moe import TOL, make_experts, make_tokens
-from test_triton_attention import DECODE_KV, LAYER, RAGGED_EXT, RAGGED_KV, Case
+from kernels.test_fused_moe import TOL, make_experts, make_tokens
+from kernels.test_triton_attention import DECODE_KV, LAYER, RAGGED_EXT, RAGGED_KV, Case
 
 from minisgl.attention.torch_backend import TorchBackend
 from minisgl.attention.triton_backend import TritonBackend

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import DEVICE
+from helpers import DEVICE
 
 # W1-like traffic (random prompt and answer lengths, sampled, one big batch whose prefill is chunked), then
 # W3-like (an odd number of requests extending a shared prefix), then greedy batches of odd sizes. With the

@@ -16,7 +16,7 @@ import time
 
 import httpx
 import pytest
-from conftest import DEVICE
+from helpers import DEVICE
 from k8s_utils import ROOT, dockerfile_entrypoint, find, helm_template, server_container
 from minisgl_operator.render import render
 from openai import OpenAI

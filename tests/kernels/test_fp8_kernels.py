@@ -1,9 +1,9 @@
 """The FP8 kernels (GEMM, decode GEMV, fused experts) against their torch reference, `fp8_linear_torch`
 and `experts_torch` with FP8 experts.
 
-On the CPU they run in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1) at small shapes with
-tails in N and K, float32 activations; with MINISGL_TEST_DEVICE=cuda, compiled, in bfloat16 at qwen3-8b's
-and qwen3-30b-a3b's shapes with 128 x 128 blocks.
+On the CPU they run in Triton's interpreter (tests/helpers.py sets TRITON_INTERPRET=1) at small shapes with
+tails in N and K, float32 activations; tests/gpu/test_fp8_kernels_full_size.py runs them compiled, in
+bfloat16, at qwen3-8b's and qwen3-30b-a3b's shapes with 128 x 128 blocks, with the helpers defined here.
 """
 
 from __future__ import annotations
@@ -92,22 +92,3 @@ def check_experts(tokens: int, experts: int, top_k: int, hidden: int, inter: int
     out = fused_experts(x, w13, w2, weights, ids.to(torch.int32), tiles, scales=(s13, s2), fp8=config)
     ref = experts_torch(x, w13, w2, weights, ids, scales=(s13, s2), fp8=config)
     torch.testing.assert_close(out.float().cpu(), ref.float().cpu(), **TOL)
-
-
-@pytest.mark.skipif(not ON_GPU, reason="full-size shapes: GPU only")
-@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
-@pytest.mark.parametrize("m", [1, 8, 64, 512])
-def test_fp8_linear_full_size(shape, m):
-    if m <= 8:
-        check_linear(gemv_fp8(None), m, *shape, BLOCK128)
-        check_linear(gemv_fp8(None), m, *shape, Fp8Config())
-    else:
-        check_linear(fp8_gemm, m, *shape, BLOCK128)
-        check_linear(fp8_gemm, m, *shape, Fp8Config())
-
-
-@pytest.mark.skipif(not ON_GPU, reason="full-size shapes: GPU only")
-@pytest.mark.parametrize("tokens", [1, 8, 256])
-def test_fp8_fused_experts_full_size(tokens):
-    """qwen3-30b-a3b's experts at TP 1: 128 experts, top 8, hidden 2048, intermediate 768."""
-    check_experts(tokens, 128, 8, 2048, 768, BLOCK128, None)

@@ -17,7 +17,13 @@ from minisgl.server.detokenizer import token_text
 from minisgl.server.ipc import LogprobEntry
 from minisgl.server.pipeline import Answer, Choice, Chunks, generation_responses, outputs, respond
 from minisgl.server.plan import Plan, vllm_plan
-from minisgl.server.schemas.completions import CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse
+from minisgl.server.schemas.completions import (
+    CompletionChoice,
+    CompletionChunk,
+    CompletionChunkChoice,
+    CompletionRequest,
+    CompletionResponse,
+)
 from minisgl.server.schemas.logprobs import CompletionLogprobs, completion_logprobs, vllm_prompt_logprobs
 from minisgl.server.schemas.types import Usage
 from minisgl.server.state import ServerState, server_state
@@ -80,11 +86,11 @@ class CompletionAnswer(Answer):
                     first and body.prompt_logprobs is not None):
                 offset = (len(choice.prompt_text or "") if body.echo else 0) + len(choice.text) - len(out.text) \
                     - len(text)
-                yield chunks.chunk([CompletionChoice(
+                yield chunks.chunk([CompletionChunkChoice(
                     index=choice.index, text=text + out.text, finish_reason=out.finish_reason,
                     logprobs=self.logprobs(entries + out.logprobs, offset) if entries or out.logprobs else None,
                     **token_ids(choice, body, self.ids_only, ids, first, out.new_ids))], choice)
-            for chunk in chunks.hidden_states(choice, out, lambda index, hidden: CompletionChoice(
+            for chunk in chunks.hidden_states(choice, out, lambda index, hidden: CompletionChunkChoice(
                     index=index, text="", hidden_states=hidden)):
                 yield chunk
         for chunk in chunks.last(checked, choices):

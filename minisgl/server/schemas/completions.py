@@ -33,14 +33,16 @@ class CompletionRequest(SamplingFields, VllmExtras, HiddenStatesOption):
 
 
 class CompletionChoice(BaseModel):
+    """A choice of the whole answer: `token_ids` and `prompt_token_ids` always there (null unless asked for), as
+    vLLM answers (its clients test for the keys)."""
+
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
-    token_ids: list[int] | None = Field(None, exclude_if=omitted,
-                                        description="the output's token ids (return_token_ids, --skip-tokenizer-init)")
-    prompt_token_ids: list[int] | None = Field(None, exclude_if=omitted,
-                                               description="the prompt's token ids (return_token_ids)")
+    token_ids: list[int] | None = Field(None, description="the output's token ids (return_token_ids, "
+                                                          "--skip-tokenizer-init)")
+    prompt_token_ids: list[int] | None = Field(None, description="the prompt's token ids (return_token_ids)")
     prompt_logprobs: PromptLogprobs | None = Field(None, description="vLLM's prompt_logprobs (when asked for)")
     matched_stop: str | int | None = Field(None, description="SGLang's: the stop string or stop/EOS token id that "
                                                              "ended a 'stop' choice")
@@ -56,8 +58,16 @@ class CompletionResponse(Envelope):
     system_fingerprint: None = None  # OpenAI's, declared by its client: null, as vLLM answers
 
 
+class CompletionChunkChoice(CompletionChoice):
+    """A streamed choice: the ids only on the chunks that carry some."""
+
+    token_ids: list[int] | None = Field(None, exclude_if=omitted, description="the new ids (return_token_ids, "
+                                                                             "--skip-tokenizer-init)")
+    prompt_token_ids: list[int] | None = Field(None, exclude_if=omitted, description="with a choice's first chunk")
+
+
 class CompletionChunk(Envelope):
     id: str = new_id("cmpl")
     object: Literal["text_completion"] = "text_completion"
-    choices: list[CompletionChoice]
+    choices: list[CompletionChunkChoice]
     usage: Usage | None = None

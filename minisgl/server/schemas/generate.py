@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
+from pydantic import BaseModel, ConfigDict, Field, RootModel, WithJsonSchema, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from minisgl.core import Constraint
@@ -15,9 +15,9 @@ from minisgl.server.schemas.types import SERVED_MODEL_MARK, NonEmptyText, Strict
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128
 # Fields of SamplingFields that belong to a request's top level, not to sampling_params.
 TOP_LEVEL_ONLY = ("model", "stream", "stream_options", "user")
-# Request fields SGLang serves and this server does not: refused, as ignoring them would change the answer.
-NOT_SERVED = ("return_logprob", "logprob_start_len", "top_logprobs_num", "image_data", "lora_path", "input_embeds",
-              "return_hidden_states")
+# Request fields SGLang serves and this server does not: refused, as ignoring them would change the answer (the
+# logprob fields' no-op values, which SGLang's clients send, are declared below and taken).
+NOT_SERVED = ("return_logprob", "top_logprobs_num", "image_data", "lora_path", "input_embeds", "return_hidden_states")
 # Our field name -> SGLang's, for errors that name what the client sent.
 SGLANG_NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens", "seed": "sampling_seed"}
 
@@ -69,6 +69,12 @@ class GenerateBody(StrictRequest):
     stream: bool = False
     model: Text = Field(None, description="optional; when given, the served model's name",
                         json_schema_extra={SERVED_MODEL_MARK: True})
+    # SGLang's logprob fields, at the values that ask for nothing (its clients send them): logprobs are not served.
+    return_logprob: Annotated[bool, WithJsonSchema({"type": "boolean", "enum": [False]})] | None = Field(
+        None, description="SGLang's; only false (no logprobs here)")
+    top_logprobs_num: integer(ge=0, le=0) | None = Field(None, description="SGLang's; only 0")
+    logprob_start_len: integer(ge=-1) | None = Field(None, description="SGLang's; without return_logprob it "
+                                                                      "changes nothing")
 
     @model_validator(mode="before")
     @classmethod

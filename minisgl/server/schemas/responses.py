@@ -8,8 +8,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Discriminator, Field, Tag
 
 from minisgl.server.schemas.chat import FunctionDefinition, FunctionName
+from minisgl.server.schemas.logprobs import TokenLogprob
 from minisgl.server.schemas.sampling import CommonSampling, JsonObjectFormat, TextFormat
-from minisgl.server.schemas.types import StrictRequest, Text, Usage, integer, unix_now
+from minisgl.server.schemas.types import LogprobCount, StrictRequest, Text, Usage, integer, unix_now
 
 # ---------------------------------------------------------------- request
 
@@ -154,6 +155,12 @@ class FunctionToolChoice(StrictRequest):
     name: FunctionName
 
 
+OUTPUT_LOGPROBS = "message.output_text.logprobs"
+Includable = Literal["message.output_text.logprobs", "reasoning.encrypted_content", "file_search_call.results",
+                     "web_search_call.results", "web_search_call.action.sources", "code_interpreter_call.outputs",
+                     "computer_call_output.output.image_url", "message.input_image.image_url"]
+
+
 class ResponsesRequest(CommonSampling):
     """The create body: the common sampling fields (SGLang's and vLLM's extensions among them, as on chat),
     and the Responses API's own."""
@@ -162,6 +169,12 @@ class ResponsesRequest(CommonSampling):
     instructions: Text | None = Field(None, description="a system message before the input")
     max_output_tokens: integer(ge=1) | None = None
     text: TextConfig | None = Field(None, description="format: text, json_object or json_schema")
+    include: list[Includable] | None = Field(
+        None, description="message.output_text.logprobs is served (with top_logprobs alternatives); the others "
+                          "name outputs this server never makes (its tools' results, encrypted reasoning, images): "
+                          "taken, with nothing to add, as vLLM takes them")
+    top_logprobs: LogprobCount | None = Field(None, description="alternatives per token; needs include "
+                                                                "message.output_text.logprobs")
     store: bool | None = Field(None, description="false: not kept for GET /v1/responses/{id} (default: kept)")
     background: bool | None = Field(None, description="answer at once (queued) and generate behind; needs store")
     previous_response_id: Text | None = Field(None, description="a stored response this one continues")
@@ -195,7 +208,8 @@ class OutputTextPart(BaseModel):
     type: Literal["output_text"] = "output_text"
     text: str
     annotations: list[Any] = Field(default_factory=list)
-    logprobs: list[Any] = Field(default_factory=list)
+    logprobs: list[TokenLogprob] = Field(default_factory=list, description="with include "
+                                         "message.output_text.logprobs: the output tokens' logprobs")
 
 
 class MessageItem(BaseModel):

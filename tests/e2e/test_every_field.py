@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_utils import Server
+from server_fixtures import Server, serving
 from template_models import with_bos_token, with_chat_template
 
 from minisgl.server.schemas.chat import ChatCompletionRequest
@@ -29,9 +29,9 @@ HOT = {"temperature": 2.0, "seed": 3}  # sampling that differs from greedy
 def server(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("fields")  # a tokenizer with a BOS, so that add_special_tokens shows
     model = with_bos_token(with_chat_template(tiny_models["qwen3"], root / "qwen3"), root / "qwen3-bos")
-    srv = Server(model, "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3", "--enable-return-hidden-states")
-    yield srv
-    assert srv.stop() == 0
+    with serving(model, "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3",
+                 "--enable-return-hidden-states") as srv:
+        yield srv
 
 
 class Front:
@@ -311,6 +311,11 @@ RESPONSES_PROBES = {
     != f.text(max_output_tokens=64),
     "repetition_penalty": lambda f: f.text(repetition_penalty=3.0, max_output_tokens=64)
     != f.text(max_output_tokens=64),
+    "include": lambda f: len(f.ok(include=["message.output_text.logprobs"])["output"][-1]["content"][0]["logprobs"])
+    == f.usage()[1] and f.ok(include=["reasoning.encrypted_content"])["status"] in ("completed", "incomplete"),
+    "top_logprobs": lambda f: {len(lp["top_logprobs"]) for lp in f.ok(
+        include=["message.output_text.logprobs"], top_logprobs=3)["output"][-1]["content"][0]["logprobs"]} == {3}
+    and f.refused("top_logprobs", top_logprobs=3),
 }
 
 FRONTS = {

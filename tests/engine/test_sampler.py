@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from conftest import hf_greedy, make_llm, random_prompts
+from helpers import hf_greedy, make_llm, random_prompts
 
 from minisgl.core import SamplingParams, ThinkingBudget, check_request
 from minisgl.engine.sampler import Sampler

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ARCHS, DEVICE, hf_greedy, make_llm, random_prompts
+from helpers import ARCHS, DEVICE, hf_greedy, make_llm, random_prompts
 from safetensors import safe_open
 from safetensors.torch import save_file
 

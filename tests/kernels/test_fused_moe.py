@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DEVICE
+from helpers import DEVICE
 
 from minisgl.kernels.fused_moe import MoEConfig, align, fused_experts, route_fused
 from minisgl.layers.moe import experts_torch, route

@@ -16,9 +16,9 @@ import kubernetes_validate
 import numpy as np
 import pytest
 import yaml
-from server_utils import Server
+from server_fixtures import Server
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOADTEST = ROOT / "loadtest"
 sys.path.insert(0, str(LOADTEST))  # stream_metrics is a sibling of the locustfile, not part of the package
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from conftest import hf_greedy, hf_logprobs, make_llm, random_prompts
+from helpers import hf_greedy, hf_logprobs, make_llm, random_prompts
 from safetensors.torch import load_file, save_file
 
 from minisgl import SamplingParams

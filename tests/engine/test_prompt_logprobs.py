@@ -7,8 +7,8 @@ from __future__ import annotations
 import openai
 import pytest
 import torch
-from conftest import DEVICE, hf_model, make_llm, random_prompts
-from server_utils import Server
+from helpers import DEVICE, hf_model, make_llm, random_prompts
+from server_fixtures import Server
 from transformers import AutoTokenizer
 
 from minisgl import SamplingParams
@@ -66,11 +66,6 @@ def server(path):
     srv = Server(path, "--max-prefill-length", "8")  # prompts scored over several chunks
     yield srv
     assert srv.stop() == 0
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return server.openai_client()
 
 
 PROMPT = "The scheduler decides which requests run next"

@@ -9,9 +9,9 @@ import time
 import httpx
 import openai
 import pytest
-from conftest import make_llm
+from helpers import make_llm
 from prometheus_client.parser import text_string_to_metric_families
-from server_utils import Server, pages_all_free
+from server_fixtures import Server, pages_all_free, serving
 from transformers import AutoTokenizer
 
 from minisgl import SamplingParams
@@ -26,14 +26,8 @@ def model(tiny_models) -> str:
 
 @pytest.fixture(scope="module")
 def server(model):
-    srv = Server(model, "--max-queued-requests", "64")
-    yield srv
-    assert srv.stop() == 0
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return server.openai_client()
+    with serving(model, "--max-queued-requests", "64") as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import hf_greedy, hf_logprobs, make_llm, random_prompts
+from helpers import hf_greedy, hf_logprobs, make_llm, random_prompts
 
 from minisgl import LLM, SamplingParams
 

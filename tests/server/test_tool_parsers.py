@@ -7,6 +7,7 @@ import json
 
 import jsonschema
 import pytest
+from helpers import splits
 
 from minisgl.server.parsers.output import OutputParser, ToolUse
 from minisgl.server.parsers.tools import (
@@ -25,11 +26,6 @@ def run(parser, pieces: list[str]) -> Parsed:
     for piece in pieces:
         out += parser.feed(piece)
     return out + parser.finish()
-
-
-def splits(text: str) -> list[list[str]]:
-    """The text whole, in single characters, and cut in two at every position."""
-    return [[text], list(text)] + [[text[:i], text[i:]] for i in range(1, len(text))]
 
 
 WEATHER = ToolCall("get_weather", '{"city": "Paris", "days": 3}')

@@ -20,7 +20,13 @@ from minisgl.server.schemas.chat import (
     ChatResponseMessage,
     DeltaMessage,
 )
-from minisgl.server.schemas.completions import CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse
+from minisgl.server.schemas.completions import (
+    CompletionChoice,
+    CompletionChunk,
+    CompletionChunkChoice,
+    CompletionRequest,
+    CompletionResponse,
+)
 from minisgl.server.schemas.logprobs import chat_logprobs, completion_logprobs
 from minisgl.server.schemas.tokenize import DetokenizeRequest
 from minisgl.server.schemas.types import PromptTokensDetails, Usage
@@ -229,12 +235,14 @@ def test_completion_shapes():
     assert list(body) == ["id", "object", "created", "model", "choices", "usage", "system_fingerprint"]
     assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
     assert body["choices"] == [{"index": 0, "text": "abc", "logprobs": None, "finish_reason": "length",
-                                "prompt_logprobs": None, "matched_stop": None}]  # + vLLM's and SGLang's
+                                "token_ids": None, "prompt_token_ids": None, "prompt_logprobs": None,
+                                "matched_stop": None}]  # + vLLM's and SGLang's
     ids_only = CompletionChoice(index=0, text="", token_ids=[5, 6], finish_reason="length").model_dump()
     assert ids_only["token_ids"] == [5, 6]
-    chunk = CompletionChunk(model="m", choices=[CompletionChoice(index=0, text="a")]).model_dump(exclude_none=True)
+    chunk = CompletionChunk(model="m", choices=[CompletionChunkChoice(index=0, text="a")]).model_dump()
     assert chunk["object"] == "text_completion"
-    assert chunk["choices"] == [{"index": 0, "text": "a"}] and "usage" not in chunk
+    assert chunk["choices"] == [{"index": 0, "text": "a", "logprobs": None, "finish_reason": None,
+                                 "prompt_logprobs": None, "matched_stop": None}]  # ids only on chunks with some
 
 
 def test_models_and_errors():

@@ -10,7 +10,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from server_utils import Server
+from server_fixtures import Server, serving
 from template_models import QWEN3_LIKE, with_chat_template
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
@@ -21,14 +21,8 @@ SYSTEM = "You are terse."
 
 @pytest.fixture(scope="module")
 def server(tiny_models):
-    srv = Server(tiny_models["qwen3"])
-    yield srv
-    assert srv.stop() == 0
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return server.openai_client()
+    with serving(tiny_models["qwen3"]) as srv:
+        yield srv
 
 
 def test_a_response_is_the_chat_completion_of_the_same_conversation(client):

@@ -9,10 +9,9 @@ import sys
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
-from conftest import DEVICE, make_llm, random_prompts
-from server_utils import Server
+from helpers import DEVICE, make_llm, random_prompts
+from server_fixtures import Server, serving
 
 from minisgl import SamplingParams
 
@@ -31,14 +30,8 @@ def model(tiny_models, tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def server(model):
-    srv = Server(model, "--skip-tokenizer-init")
-    yield srv
-    assert srv.stop() == 0
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return server.openai_client()
+    with serving(model, "--skip-tokenizer-init") as srv:
+        yield srv
 
 
 def test_token_ids_in_token_ids_out_as_offline(client, model):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import make_llm, random_prompts
+from helpers import make_llm, random_prompts
 
 from minisgl import LLM, SamplingParams
 from minisgl.core import Req, ReqStatus

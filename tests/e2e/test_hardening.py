@@ -21,7 +21,7 @@ import time
 import httpx
 import pytest
 from schemathesis.core.warnings import SchemathesisWarning
-from server_utils import Server, pages_all_free
+from server_fixtures import Server, pages_all_free, serving
 
 KEY = "sekret"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -37,9 +37,8 @@ def model(tiny_models) -> str:
 @pytest.fixture(scope="module")
 def server(model):
     """Guarded by an API key, with a short context so that every generation the tests start is short."""
-    srv = Server(model, "--max-seq-len", "64", api_key=KEY)
-    yield srv
-    assert srv.stop() == 0
+    with serving(model, "--max-seq-len", "64", api_key=KEY) as srv:
+        yield srv
 
 
 def post(server: Server, path: str, body, **kwargs) -> httpx.Response:
@@ -233,7 +232,7 @@ def test_openapi_declares_what_the_server_answers(server):
 # Every warning schemathesis shows by default but these: the ids of stored responses (GET, DELETE, cancel,
 # input_items of /v1/responses/{id}) cannot be guessed, and a 404 for an unknown id is the contract
 # (missing_test_data); chat's many cross-field refusals (a 400 naming the field, each pinned by
-# tests/test_every_field.py) reject most random bodies (low_valid_rate, validation_mismatch).
+# tests/e2e/test_every_field.py) reject most random bodies (low_valid_rate, validation_mismatch).
 WARNINGS = [warning.value for warning in SchemathesisWarning
             if warning not in (SchemathesisWarning.MISSING_TEST_DATA, SchemathesisWarning.LOW_VALID_RATE,
                                SchemathesisWarning.VALIDATION_MISMATCH)]
@@ -246,8 +245,9 @@ def test_schemathesis_finds_no_5xx_and_no_contract_violation(server):
            f"Authorization: Bearer {KEY}", "--checks", "all", "--exclude-checks", "positive_data_acceptance",
            "--max-time", "100", "--max-response-time", "60", "--request-timeout", "60", "-w", "1",
            "--seed", "11", "--output-truncate", "true", "--warnings", ",".join(WARNINGS)]
+    tests = os.path.dirname(os.path.dirname(__file__))  # where schemathesis_hooks.py is
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "schemathesis_hooks",
-           "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
     run = subprocess.run(cmd, env=env, cwd=os.environ.get("TMPDIR", "/tmp"), capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]

@@ -2,7 +2,7 @@
 code of the layers (`forward_torch`, `silu_and_mul_torch`), which is their reference and the CPU path;
 the fused sampling kernel against `Sampler.sample`.
 
-On the CPU the kernels run in Triton's interpreter (conftest sets TRITON_INTERPRET=1), in float32 and
+On the CPU the kernels run in Triton's interpreter (tests/helpers.py sets TRITON_INTERPRET=1), in float32 and
 float16 (the interpreter has no bfloat16 arithmetic); on a GPU (MINISGL_TEST_DEVICE=cuda) in float32
 and bfloat16.
 """
@@ -14,7 +14,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DEVICE
+from helpers import DEVICE
 
 from minisgl.core import SamplingParams
 from minisgl.distributed import TPGroup

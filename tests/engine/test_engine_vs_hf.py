@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import ARCHS, hf_greedy, make_llm, random_prompts
+from helpers import ARCHS, hf_greedy, make_llm, random_prompts
 
 from minisgl import LLM, SamplingParams
 

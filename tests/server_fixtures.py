@@ -1,4 +1,5 @@
-"""Start and stop a real `python -m minisgl` server process for tests."""
+"""Real `python -m minisgl` server processes for tests: `Server` starts and stops one; `serving` is a
+fixture's server, which must stop cleanly (exit status 0) at the fixture's end."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import httpx
 import openai
-from conftest import DEVICE
+from helpers import DEVICE
 
 from minisgl.distributed import free_port
 
@@ -68,3 +71,13 @@ class Server:
 def pages_all_free(info: dict) -> bool:
     s = info["scheduler"]
     return s["num_running"] == s["num_waiting"] == 0 and s["free_pages"] + s["evictable_pages"] == s["total_pages"]
+
+
+@contextmanager
+def serving(model: str, *extra: str, **options) -> Iterator[Server]:
+    """A server for a fixture's scope (`yield from`-style: `with serving(...) as srv: yield srv`)."""
+    srv = Server(model, *extra, **options)
+    try:
+        yield srv
+    finally:
+        assert srv.stop() == 0

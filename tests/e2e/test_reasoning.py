@@ -7,9 +7,9 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from server_utils import Server
+from helpers import splits
+from server_fixtures import serving
 from template_models import with_chat_template
-from test_tool_parsers import splits
 
 from minisgl.server.parsers.output import ChoiceDelta, OutputParser, ToolUse
 from minisgl.server.parsers.reasoning import ReasoningParser, Split
@@ -67,14 +67,8 @@ def test_reasoning_then_a_tool_call():
 @pytest.fixture(scope="module")
 def server(tiny_models, tmp_path_factory):
     model = with_chat_template(tiny_models["qwen3"], tmp_path_factory.mktemp("think") / "qwen3-think")
-    srv = Server(model, "--reasoning-parser", "qwen3")
-    yield srv
-    assert srv.stop() == 0
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return server.openai_client()
+    with serving(model, "--reasoning-parser", "qwen3") as srv:
+        yield srv
 
 
 ASK = [{"role": "user", "content": "What is 2 + 2?"}]

@@ -14,7 +14,7 @@ import re
 import threading
 
 import pytest
-from conftest import make_llm, random_prompts
+from helpers import make_llm, random_prompts
 
 from minisgl import LLM, SamplingParams
 from minisgl.constrained.grammar import COMPILE_THREADS

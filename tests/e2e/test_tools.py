@@ -8,9 +8,8 @@ import json
 
 import httpx
 import jsonschema
-import openai
 import pytest
-from server_utils import Server, pages_all_free
+from server_fixtures import Server, pages_all_free, serving
 from template_models import with_chat_template
 from transformers import AutoTokenizer
 
@@ -34,14 +33,8 @@ def model(tiny_models, tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def server(model):
-    srv = Server(model, "--tool-call-parser", "hermes")
-    yield srv
-    assert srv.stop() == 0
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return server.openai_client()
+    with serving(model, "--tool-call-parser", "hermes") as srv:
+        yield srv
 
 
 def streamed(chunks) -> tuple[list[str], list[list], list[str]]:

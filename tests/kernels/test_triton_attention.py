@@ -11,7 +11,7 @@ import copy
 
 import pytest
 import torch
-from conftest import DEVICE, hf_greedy, make_llm, random_prompts
+from helpers import DEVICE, hf_greedy, make_llm, random_prompts
 
 from minisgl import SamplingParams
 from minisgl.attention import make_backend

@@ -15,8 +15,8 @@ import time
 
 import httpx
 import pytest
-from conftest import DEVICE, random_prompts
-from server_utils import Server
+from helpers import DEVICE, random_prompts
+from server_fixtures import Server
 
 from minisgl.tools.tiny_model import make_tiny_model
 

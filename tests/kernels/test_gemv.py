@@ -1,6 +1,6 @@
 """The split-K GEMV kernel against F.linear (its torch reference), and the linear layers' routing to it.
 
-On the CPU the kernel runs in Triton's interpreter (conftest sets TRITON_INTERPRET=1) at small shapes, in
+On the CPU the kernel runs in Triton's interpreter (tests/helpers.py sets TRITON_INTERPRET=1) at small shapes, in
 float32 and float16 (the interpreter has no bfloat16 arithmetic); with MINISGL_TEST_DEVICE=cuda it runs
 compiled in bfloat16 at the decode shapes of its config table (qwen3-0.6b and qwen3-8b, TP 1 and 2).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DEVICE
+from helpers import DEVICE
 
 from minisgl.distributed import TPGroup
 from minisgl.kernels.gemv import CONFIGS, GEMV_MAX_M, GemvConfig, arrival_counters, gemv, use_gemv

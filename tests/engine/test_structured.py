@@ -12,8 +12,8 @@ import openai
 import pytest
 import torch
 import xgrammar as xgr
-from conftest import make_llm, random_prompts
-from server_utils import Server, pages_all_free
+from helpers import make_llm, random_prompts
+from server_fixtures import Server, pages_all_free, serving
 
 from minisgl import SamplingParams
 from minisgl.constrained import apply_bitmask, check
@@ -195,14 +195,8 @@ def test_tensor_parallel_ranks_follow_the_same_grammar(tiny_models, llm):
 
 @pytest.fixture(scope="module")
 def server(tiny_models):
-    srv = Server(tiny_models["qwen3"])
-    yield srv
-    assert srv.stop() == 0
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return server.openai_client()
+    with serving(tiny_models["qwen3"]) as srv:
+        yield srv
 
 
 CHAT = [{"role": "user", "content": "Describe a person as JSON."}]
