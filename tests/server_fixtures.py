@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 import httpx
 import openai
@@ -33,17 +33,7 @@ class Server:
         self.wait_healthy()
 
     def wait_healthy(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"server exited early:\n{self.output()}"
-            try:
-                self.health_seen.append(httpx.get(f"{self.url}/health", timeout=1).status_code)
-                if self.health_seen[-1] == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"server not healthy after {timeout}s:\n{self.output()}")
+        wait_healthy(self.url, self.proc, self.output, timeout, self.health_seen)
 
     def output(self) -> str:
         self.log.flush()
@@ -66,6 +56,25 @@ class Server:
                 self.proc.kill()
         self.log.close()
         return self.proc.wait()
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, output: Callable[[], str], timeout: float = 120,
+                 seen: list[int] | None = None) -> None:
+    """Poll `url`/health until it answers 200; fail at once, with the server's output, if `proc` exits first.
+    `seen` collects the status codes answered meanwhile."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"server exited early:\n{output()}"
+        try:
+            status = httpx.get(f"{url}/health", timeout=1).status_code
+        except httpx.HTTPError:
+            status = None
+        if status is not None and seen is not None:
+            seen.append(status)
+        if status == 200:
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"server not healthy after {timeout}s:\n{output()}")
 
 
 def pages_all_free(info: dict) -> bool:

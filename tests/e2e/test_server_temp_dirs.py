@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from server_fixtures import wait_healthy
 
 from minisgl.distributed import free_port
 from minisgl.tools.tiny_model import make_tiny_model
@@ -38,17 +39,7 @@ class Launched:
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_healthy(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"server exited early:\n{self.output()}"
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        else:
-            raise TimeoutError(f"server not healthy after {timeout}s:\n{self.output()}")
+        wait_healthy(self.url, self.proc, self.output, timeout)
         made = os.listdir(self.temp)  # the test is not vacuous: the server's directories are there now
         assert any(n.startswith("minisgl-demo-") for n in made), made
         assert any(n.startswith("minisgl-") and not n.startswith("minisgl-demo-") for n in made), made

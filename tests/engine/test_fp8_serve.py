@@ -4,54 +4,24 @@ weights."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
-
-import httpx
-import openai
 import pytest
+from helpers import DEVICE
+from server_fixtures import serving
 
 from minisgl import LLM, SamplingParams
-from minisgl.distributed import free_port
 from minisgl.tools.tiny_model import make_tiny_model
 
-DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
 PROMPT = [11, 42, 7, 99, 250, 31]
 TOKENS = 8
 
 
 def serve_greedy(model: str, *flags: str) -> list[int]:
-    """The output token ids of one greedy completion from a fresh server on `model`."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "minisgl", "--model", model, "--served-model-name", "fp8", "--port", str(port),
-           "--device", DEVICE, "--dtype", "float32", "--num-pages", "1024", *flags]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, "server not healthy after 120 s"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
-        out = client.completions.create(model="fp8", prompt=PROMPT, max_tokens=TOKENS, temperature=0,
-                                        extra_body={"ignore_eos": True, "return_token_ids": True})
-        assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == TOKENS
-        return out.choices[0].model_extra["token_ids"]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    """The output token ids of one greedy completion from a fresh server on `model` (which must exit 0)."""
+    with serving(model, *flags, name="fp8") as server:
+        out = server.openai_client().completions.create(model="fp8", prompt=PROMPT, max_tokens=TOKENS, temperature=0,
+                                                        extra_body={"ignore_eos": True, "return_token_ids": True})
+    assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == TOKENS
+    return out.choices[0].model_extra["token_ids"]
 
 
 def offline_greedy(model: str, **kwargs) -> list[int]:
