@@ -22,7 +22,8 @@ from minisgl.server.boundary import CheckedRequest
 from minisgl.server.conversations import conversation, forced_call, functions, output_parser, tool_use
 from minisgl.server.errors import ApiError, failure
 from minisgl.server.ipc import LogprobEntry
-from minisgl.server.parsers.output import OutputParser, ToolUse
+from minisgl.server.parsers.output import ChoiceDelta, OutputParser, ToolUse
+from minisgl.server.parsers.tools import ToolCall
 from minisgl.server.pipeline import Answer, Choice, outputs, usage
 from minisgl.server.plan import Output, Plan
 from minisgl.server.responses_store import ResponseStore, Stored
@@ -196,93 +197,113 @@ class ResponsesAnswer(Answer):
         return {"type": kind, "sequence_number": next(self.numbers), **fields}
 
     async def stream(self, checked: CheckedRequest, choices: list[Choice]) -> AsyncIterator[dict]:
-        """response.created, then each output item opened, filled by deltas and closed (a function call in one
-        delta), then response.completed (or .incomplete; a failure ends it with .failed: see `failed`)."""
+        """response.created, the output items' events (OutputEvents), then response.completed (or .incomplete;
+        a failure ends it with .failed: see `failed`)."""
         head, [choice] = self.head, choices
-        parser = self.parser(choice)
+        parser, items = self.parser(choice), OutputEvents(self.event)
         yield self.event("response.created", response=dump(head))
         yield self.event("response.in_progress", response=dump(head))
-        items: list[ReasoningItem | MessageItem | FunctionCallItem] = []
-        pending: list[TokenLogprob] = []  # output logprobs not yet sent with a text delta
-
-        def opened(kind: type) -> list[dict]:
-            """Close the open item if it is of another kind and open one of `kind`; the events that says."""
-            said = []
-            if items and not isinstance(items[-1], kind) and items[-1].status == "in_progress":
-                said += closed()
-            if not items or not isinstance(items[-1], kind) or items[-1].status != "in_progress":
-                item = kind(status="in_progress")
-                items.append(item)
-                part = ReasoningText(text="") if kind is ReasoningItem else OutputTextPart(text="")
-                said.append(self.event("response.output_item.added", output_index=len(items) - 1, item=dump(item)))
-                if kind is MessageItem:
-                    said.append(self.event("response.content_part.added", item_id=item.id, output_index=len(items) - 1,
-                                      content_index=0, part=dump(part)))
-                item.content.append(part)
-            return said
-
-        def closed() -> list[dict]:
-            item, index = items[-1], len(items) - 1
-            item.status = "completed"
-            part = item.content[0]
-            if isinstance(item, ReasoningItem):
-                said = [self.event("response.reasoning_text.done", item_id=item.id, output_index=index, content_index=0,
-                              text=part.text)]
-            else:
-                part.logprobs += pending  # what no text delta carried
-                pending.clear()
-                said = [self.event("response.output_text.done", item_id=item.id, output_index=index, content_index=0,
-                              text=part.text, logprobs=dump_all(part.logprobs)),
-                        self.event("response.content_part.done", item_id=item.id, output_index=index, content_index=0,
-                              part=dump(part))]
-            return said + [self.event("response.output_item.done", output_index=index, item=dump(item))]
-
-        def said(reasoning: str, content: str) -> list[dict]:
-            out = []
-            for text, kind, name in ((reasoning, ReasoningItem, "reasoning_text"),
-                                     (content, MessageItem, "output_text")):
-                if text:
-                    out += opened(kind)
-                    items[-1].content[0].text += text
-                    carried = []
-                    if kind is MessageItem:  # the logprobs so far go with the text
-                        carried, pending[:] = list(pending), []
-                        items[-1].content[0].logprobs += carried
-                    out.append(self.event(f"response.{name}.delta", item_id=items[-1].id, output_index=len(items) - 1,
-                                     content_index=0, delta=text,
-                                      **({"logprobs": dump_all(carried)} if kind is MessageItem else {})))
-            return out
-
-        def called(call) -> list[dict]:
-            """A function call, whole: its item opened, its arguments in one delta, the item closed."""
-            out = closed() if items and items[-1].status == "in_progress" else []
-            item = FunctionCallItem(name=call.name, arguments="", status="in_progress")
-            items.append(item)
-            index = len(items) - 1
-            out.append(self.event("response.output_item.added", output_index=index, item=dump(item)))
-            item.arguments, item.status = call.arguments, "completed"
-            return out + [self.event("response.function_call_arguments.delta", item_id=item.id, output_index=index,
-                                delta=call.arguments),
-                          self.event("response.function_call_arguments.done", item_id=item.id, output_index=index,
-                                arguments=call.arguments),
-                          self.event("response.output_item.done", output_index=index, item=dump(item))]
-
         async for _, out in outputs(self.state, choices):
-            pending += self.logprobs(out.logprobs)
-            delta = parser.step(out.text, out.finish_reason)
-            for e in said(delta.reasoning, delta.content) + [e for call in delta.calls for e in called(call)]:
-                yield e
-        if any(isinstance(item, FunctionCallItem) for item in items):
-            ending = closed() if items[-1].status == "in_progress" else []
-        else:
-            ending = opened(MessageItem) + closed()  # a message item, even an empty one, ends a response without calls
-        for e in ending:
-            yield e
-        head.output, head.usage = items, ResponseUsage.of(usage(choices, checked.prompts))
+            items.pending += self.logprobs(out.logprobs)
+            for event in items.said(parser.step(out.text, out.finish_reason)):
+                yield event
+        for event in items.ended():
+            yield event
+        head.output, head.usage = items.items, ResponseUsage.of(usage(choices, checked.prompts))
         done = finished(head, choice.finish)
         self.stored()
         yield self.event("response.incomplete" if done.status == "incomplete" else "response.completed",
                          response=dump(done))
+
+
+class OutputEvents:
+    """A streamed response's output items as named events: each item opened, filled by deltas and closed (a
+    function call whole, its arguments in one delta). `pending`: output logprobs not yet sent with a text
+    delta (they go with the next one, or with the message's done event)."""
+
+    def __init__(self, event: Callable[..., dict]):
+        self.event = event  # a numbered event of the response's stream
+        self.items: list[ReasoningItem | MessageItem | FunctionCallItem] = []
+        self.pending: list[TokenLogprob] = []
+
+    def said(self, delta: ChoiceDelta) -> list[dict]:
+        """The events of one parsed delta: its reasoning, its text, its calls."""
+        events = []
+        for text, kind in ((delta.reasoning, ReasoningItem), (delta.content, MessageItem)):
+            if text:
+                events += self.opened(kind) + [self.text_delta(text)]
+        return events + [event for call in delta.calls for event in self.called(call)]
+
+    def ended(self) -> list[dict]:
+        """The events that end the output: the open item closed; a response without calls ends with a message
+        item, even an empty one."""
+        if any(isinstance(item, FunctionCallItem) for item in self.items):
+            return self.closed() if self.items[-1].status == "in_progress" else []
+        return self.opened(MessageItem) + self.closed()
+
+    def open(self, kind: type) -> bool:
+        return bool(self.items) and isinstance(self.items[-1], kind) and self.items[-1].status == "in_progress"
+
+    def opened(self, kind: type) -> list[dict]:
+        """An item of `kind` open to write in: the open one, or a new one (the open item of another kind
+        closed first)."""
+        if self.open(kind):
+            return []
+        events = self.closed() if self.items and self.items[-1].status == "in_progress" else []
+        item = kind(status="in_progress")
+        self.items.append(item)
+        index = len(self.items) - 1
+        part = ReasoningText(text="") if kind is ReasoningItem else OutputTextPart(text="")
+        events.append(self.event("response.output_item.added", output_index=index, item=dump(item)))
+        if kind is MessageItem:
+            events.append(self.event("response.content_part.added", item_id=item.id, output_index=index,
+                                     content_index=0, part=dump(part)))
+        item.content.append(part)
+        return events
+
+    def text_delta(self, text: str) -> dict:
+        """Text added to the open item; a message's text carries the logprobs so far."""
+        item, index = self.items[-1], len(self.items) - 1
+        item.content[0].text += text
+        if isinstance(item, ReasoningItem):
+            return self.event("response.reasoning_text.delta", item_id=item.id, output_index=index, content_index=0,
+                              delta=text)
+        carried, self.pending = self.pending, []
+        item.content[0].logprobs += carried
+        return self.event("response.output_text.delta", item_id=item.id, output_index=index, content_index=0,
+                          delta=text, logprobs=dump_all(carried))
+
+    def closed(self) -> list[dict]:
+        """The open item completed."""
+        item, index = self.items[-1], len(self.items) - 1
+        item.status = "completed"
+        part = item.content[0]
+        if isinstance(item, ReasoningItem):
+            events = [self.event("response.reasoning_text.done", item_id=item.id, output_index=index,
+                                 content_index=0, text=part.text)]
+        else:
+            part.logprobs += self.pending  # what no text delta carried
+            self.pending = []
+            events = [self.event("response.output_text.done", item_id=item.id, output_index=index, content_index=0,
+                                 text=part.text, logprobs=dump_all(part.logprobs)),
+                      self.event("response.content_part.done", item_id=item.id, output_index=index, content_index=0,
+                                 part=dump(part))]
+        return events + [self.event("response.output_item.done", output_index=index, item=dump(item))]
+
+    def called(self, call: ToolCall) -> list[dict]:
+        """A function call, whole: its item opened, its arguments in one delta, the item closed."""
+        events = self.closed() if self.items and self.items[-1].status == "in_progress" else []
+        item = FunctionCallItem(name=call.name, arguments="", status="in_progress")
+        self.items.append(item)
+        index = len(self.items) - 1
+        events.append(self.event("response.output_item.added", output_index=index, item=dump(item)))
+        item.arguments, item.status = call.arguments, "completed"
+        return events + [
+            self.event("response.function_call_arguments.delta", item_id=item.id, output_index=index,
+                       delta=call.arguments),
+            self.event("response.function_call_arguments.done", item_id=item.id, output_index=index,
+                       arguments=call.arguments),
+            self.event("response.output_item.done", output_index=index, item=dump(item))]
 
 
 def dump(model: BaseModel) -> dict:
