@@ -66,7 +66,10 @@ class Sequence:
 
 class EngineClient:
     def __init__(self, ipc: IpcPaths, metrics: Metrics):
-        ctx = zmq.asyncio.Context()
+        # The process's one asyncio context, never garbage: a context collected in the same cycle as its sockets
+        # finds their weak references cleared, closes none of them and blocks in term() for good (tests make
+        # and drop many clients in one process).
+        ctx = zmq.asyncio.Context.instance()
         self.inbox = inbox(ctx, ipc.api)
         self.to_scheduler = outbox(ctx, ipc.scheduler)
         self.to_detok = outbox(ctx, ipc.detokenizer)
