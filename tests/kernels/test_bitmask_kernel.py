@@ -1,6 +1,6 @@
-"""The grammar-bitmask kernel against `apply_bitmask`'s torch code (its reference and CPU path), and, on a GPU,
-that it compiles once for every batch size (xgrammar's kernel compiled a variant per class of batch size in
-the middle of serving). On the CPU the kernel runs in Triton's interpreter (conftest sets TRITON_INTERPRET=1)."""
+"""The grammar-bitmask kernel against `apply_bitmask`'s torch code (its reference and CPU path). On the CPU the
+kernel runs in Triton's interpreter (tests/helpers.py sets TRITON_INTERPRET=1); that it compiles once for every
+batch size is tests/gpu/test_bitmask_compiles_once.py's."""
 
 from __future__ import annotations
 
@@ -48,19 +48,3 @@ def test_an_empty_batch_is_left_alone():
     logits = torch.zeros(0, 40, device=DEVICE)
     apply_bitmask_triton(logits, torch.zeros(0, 2, dtype=torch.int32, device=DEVICE))
     assert logits.shape == (0, 40)
-
-
-@pytest.mark.skipif(DEVICE == "cpu", reason="the interpreter compiles nothing")
-def test_one_compile_serves_every_batch_size():
-    from triton import knobs
-
-    compiled: list[str] = []
-    before = knobs.runtime.jit_post_compile_hook
-    knobs.runtime.jit_post_compile_hook = lambda *, fn, **_: compiled.append(fn.name)
-    try:
-        for rows in (1, 16, 17, 256, 3):
-            logits, bitmask = random_case(rows, 151936, torch.bfloat16, seed=rows)
-            apply_bitmask_triton(logits.to(DEVICE), bitmask.to(DEVICE))
-    finally:
-        knobs.runtime.jit_post_compile_hook = before
-    assert len(compiled) <= 1  # none when an earlier test of this process compiled it already
