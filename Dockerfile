@@ -9,9 +9,10 @@
 # Without a registry (tests/k8s/build-images.sh): BASE is a locally committed Debian rootfs and TORCH a
 # wheel file bind-mounted for the build (buildah bud -v DIR:/mnt --build-arg TORCH=/mnt/torch-...whl).
 #
-# BASE must be Debian or Ubuntu with Python >= 3.10 in apt. The default is a pinned CUDA runtime; the
-# PyTorch wheel brings its own CUDA libraries, the base brings the driver glue the NVIDIA runtime expects.
-ARG BASE=nvidia/cuda:12.8.1-runtime-ubuntu24.04
+# BASE must be Debian or Ubuntu with Python >= 3.10 in apt. The default is a pinned CUDA runtime of the
+# same major version as PyPI's torch 2.13.0 wheel (cu130), so the node needs a driver for CUDA 13 (>= 580);
+# the wheel brings its own CUDA libraries, the base brings the driver glue the NVIDIA runtime expects.
+ARG BASE=nvidia/cuda:13.0.0-runtime-ubuntu24.04
 
 # Build stage: a virtual environment with PyTorch, the dependencies and minisgl itself.
 FROM ${BASE} AS build
