@@ -37,7 +37,7 @@ import torch
 
 from minisgl import LLM, SamplingParams
 from minisgl.core import Req
-from minisgl.scheduler import AddReq
+from minisgl.messages import AddReq
 from minisgl.tools.tiny_model import make_tiny_model
 
 PARTS = ("step", "batch", "forward", "model", "sample", "sampler", "commit")

@@ -25,7 +25,7 @@ from offline import model_dir, w1, w3
 
 from minisgl import LLM, SamplingParams
 from minisgl.core import Req
-from minisgl.scheduler import AddReq
+from minisgl.messages import AddReq
 
 
 def top_kernels(prof: torch.profiler.profile, per: int, top: int) -> None:

@@ -25,7 +25,8 @@ from minisgl.core import Req, SamplingParams, TokenLogprob, check_request
 from minisgl.distributed import free_port, init_tp_group, leave_tp_group
 from minisgl.engine.config import EngineArgs
 from minisgl.engine.engine import Engine, resolve_device
-from minisgl.scheduler import AddReq, Scheduler, Shutdown
+from minisgl.messages import AddReq, Shutdown
+from minisgl.scheduler import Scheduler
 from minisgl.scheduler.follower import Followers
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
 
 import torch
 
@@ -34,6 +33,7 @@ from minisgl.core import Batch, Req, ReqStatus, SamplingParams, TokenLogprob
 from minisgl.distributed import TPGroup
 from minisgl.engine.engine import Engine, LaunchedStep, PromptScores, StepResult
 from minisgl.kvcache import KVCacheManager, make_prefix_cache
+from minisgl.messages import AbortReq, AddReq, FlushCache, GrammarReady, Shutdown
 from minisgl.scheduler.trace import StepTrace
 
 logger = logging.getLogger(__name__)
@@ -41,34 +41,6 @@ logger = logging.getLogger(__name__)
 
 # Prompt lengths of the warm-up: one per fused-MoE config row and attention variant a prefill may pick.
 WARM_UP_LENGTHS = (4, 24, 48, 96, 192, 384, 768, 1536)
-
-
-@dataclass
-class AddReq:
-    req: Req
-
-
-@dataclass
-class AbortReq:
-    rid: int
-
-
-@dataclass
-class Shutdown:
-    pass
-
-
-@dataclass
-class FlushCache:
-    """Empty the prefix cache on every rank (nothing may be running): ranks whose caches differed would match
-    different prefixes and fall out of step."""
-
-
-@dataclass
-class GrammarReady:
-    """Rank 0 to every rank: this request's grammar compilation has ended; admit it (or fail it)."""
-
-    rid: int
 
 
 class Scheduler:

@@ -9,9 +9,10 @@ from collections import Counter
 import zmq
 
 from minisgl.engine.config import EngineArgs
+from minisgl.messages import Ready, ReqOutput, StatsReply, StatsRequest
 from minisgl.scheduler import Scheduler
 from minisgl.scheduler.follower import build_scheduler, follow
-from minisgl.server.ipc import IpcPaths, Ready, ReqOutput, StatsReply, StatsRequest, become_child, inbox, outbox
+from minisgl.server.ipc import IpcPaths, become_child, inbox, outbox
 
 logger = logging.getLogger("minisgl.scheduler")
 

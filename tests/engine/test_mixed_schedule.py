@@ -16,7 +16,7 @@ import pytest
 
 from minisgl import LLM, SamplingParams
 from minisgl.core import Batch, Req
-from minisgl.scheduler import AddReq
+from minisgl.messages import AddReq
 
 DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
 VOCAB = 400

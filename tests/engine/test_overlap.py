@@ -19,7 +19,7 @@ from helpers import make_llm, random_prompts
 from minisgl import LLM, SamplingParams
 from minisgl.constrained.grammar import COMPILE_THREADS
 from minisgl.core import Constraint, Req, ReqStatus
-from minisgl.scheduler import AbortReq, AddReq
+from minisgl.messages import AbortReq, AddReq
 
 VOCAB = 400
 

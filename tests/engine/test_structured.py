@@ -20,7 +20,7 @@ from minisgl.constrained import apply_bitmask, check
 from minisgl.constrained.grammar import _grammar
 from minisgl.core import Constraint, Req
 from minisgl.engine.sampler import Sampler
-from minisgl.scheduler import AbortReq, AddReq
+from minisgl.messages import AbortReq, AddReq
 
 # Strings are bounded by patterns, not maxLength: the random model emits byte sequences xgrammar takes for one
 # character (overlong UTF-8, e.g. E0 90 BE) that decode to three U+FFFD, and would pass maxLength.

@@ -19,12 +19,12 @@ import zmq.asyncio
 
 from minisgl.core import Req, SamplingParams
 from minisgl.distributed import free_port
-from minisgl.scheduler import AbortReq, AddReq
+from minisgl.messages import AbortReq, AddReq, Ready, ReqOutput, StatsReply, TextOutput
 from minisgl.server.api import build_app
 from minisgl.server.args import parse_args
 from minisgl.server.detokenizer_worker import run_detokenizer
 from minisgl.server.engine_client import EngineClient, RequestFailed
-from minisgl.server.ipc import IpcPaths, Ready, ReqOutput, StatsReply, TextOutput, inbox, outbox
+from minisgl.server.ipc import IpcPaths, inbox, outbox
 from minisgl.server.metrics import Metrics
 from minisgl.server.state import ServerState
 
