@@ -16,7 +16,6 @@ import gc
 import random
 from dataclasses import dataclass
 from itertools import count
-from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -28,6 +27,7 @@ from minisgl.engine.engine import Engine, resolve_device
 from minisgl.messages import AddReq, Shutdown
 from minisgl.scheduler import Scheduler
 from minisgl.scheduler.follower import Followers
+from minisgl.tokenizer import load_tokenizer
 
 
 @dataclass
@@ -39,18 +39,6 @@ class RequestOutput:
     cached_tokens: int
     logprobs: list[TokenLogprob] | None
     prompt_logprobs: list[TokenLogprob] | None  # prompt tokens 1.. (the first has nothing before it)
-
-
-def has_tokenizer(path: Path) -> bool:
-    return any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json"))
-
-
-def load_tokenizer(path: Path):
-    if not has_tokenizer(path):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
 
 
 class LLM:

@@ -24,7 +24,6 @@ from pathlib import Path
 import uvicorn
 
 from minisgl.distributed import free_port
-from minisgl.llm import load_tokenizer
 from minisgl.models import resolve_model_path
 from minisgl.models.config import ModelConfig
 from minisgl.server.api import build_app
@@ -33,6 +32,7 @@ from minisgl.server.detokenizer_worker import run_detokenizer
 from minisgl.server.ipc import IpcPaths
 from minisgl.server.scheduler_loop import run_scheduler
 from minisgl.server.state import ServerState
+from minisgl.tokenizer import load_tokenizer
 
 logger = logging.getLogger("minisgl")
 
