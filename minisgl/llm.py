@@ -21,12 +21,11 @@ from typing import Sequence
 import torch
 
 from minisgl.core import Req, SamplingParams, TokenLogprob, check_request
-from minisgl.distributed import free_port, init_tp_group, leave_tp_group
+from minisgl.distributed import free_port, leave_tp_group
 from minisgl.engine.config import EngineArgs
-from minisgl.engine.engine import Engine, resolve_device
 from minisgl.messages import AddReq, Shutdown
-from minisgl.scheduler import Scheduler
 from minisgl.scheduler.follower import Followers
+from minisgl.scheduler.rank import build_scheduler
 from minisgl.tokenizer import load_tokenizer
 
 
@@ -54,10 +53,8 @@ class LLM:
         self._closed = True  # until built: nothing to shut down
         self._followers = Followers(tp_size, port, args)
         try:
-            device_ = resolve_device(device, 0)
-            self._tp = self._followers.tp = init_tp_group(0, tp_size, device_, port, self._followers.check)
-            self.engine = Engine(args, self._tp, device_)
-            self.scheduler = Scheduler(self.engine, self._tp)
+            self.scheduler = build_scheduler(0, tp_size, port, args, self._followers)
+            self.engine = self.scheduler.engine
             if self.engine.device.type == "cuda":  # kernels compile now, not in the first generate
                 self.scheduler.warm_up()
         except BaseException:

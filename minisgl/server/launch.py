@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
-import multiprocessing.connection
 import os
 import shutil
 import signal
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import uvicorn
 
+from minisgl.children import end_all, wait_for_exit
 from minisgl.distributed import free_port
 from minisgl.models import resolve_model_path
 from minisgl.models.config import ModelConfig
@@ -92,10 +92,7 @@ class Lifetime:
 
     def end(self) -> None:
         self.stopping.set()
-        for child in self.children:
-            child.kill()
-        for child in self.children:  # dead before their directory goes: none can bind a socket in it again
-            child.join(timeout=10)
+        end_all(self.children)  # dead before their directory goes: none can bind a socket in it again
         for path in self.dirs:
             shutil.rmtree(path, ignore_errors=True)
 
@@ -115,16 +112,12 @@ def start_children(args: ServerArgs, ipc: IpcPaths) -> list[multiprocessing.Proc
 
 def watch_children(life: Lifetime) -> None:
     """Any child exiting on its own is fatal: say which, stop the rest, exit non-zero."""
-    ended = multiprocessing.connection.wait([c.sentinel for c in life.children])
-    if life.stopping.is_set():
-        return
-    for child in life.children:
-        if child.sentinel in ended:  # its pipe closes a moment before it can be reaped: join for the code
-            child.join(timeout=1)
-            logger.error("%s (pid %d) exited with code %s; shutting the server down", child.name, child.pid,
-                         child.exitcode)
-    life.end()
-    os._exit(1)
+    deaths = wait_for_exit(life.children, life.stopping)
+    for death in deaths:
+        logger.error("%s; shutting the server down", death)
+    if deaths:
+        life.end()
+        os._exit(1)
 
 
 def serve(args: ServerArgs) -> int:

@@ -11,7 +11,7 @@ import zmq
 from minisgl.engine.config import EngineArgs
 from minisgl.messages import Ready, ReqOutput, StatsReply, StatsRequest
 from minisgl.scheduler import Scheduler
-from minisgl.scheduler.follower import build_scheduler, follow
+from minisgl.scheduler.rank import build_scheduler, follow
 from minisgl.server.ipc import IpcPaths, become_child, inbox, outbox
 
 logger = logging.getLogger("minisgl.scheduler")
