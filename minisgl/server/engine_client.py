@@ -83,7 +83,8 @@ class EngineClient:
         self.queued = 0  # admitted sequences without a first token yet: what --max-queued-requests limits
 
     @property
-    def in_flight(self) -> int:
+    def open_sequences(self) -> int:
+        """Sequences submitted and not finished yet (a request has one per prompt x sample)."""
         return len(self.sequences)
 
     # ---- admission -------------------------------------------------------------------------------

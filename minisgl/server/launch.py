@@ -58,7 +58,7 @@ class DrainingServer(uvicorn.Server):
         if self.state.draining or self.loop is None:  # a second signal, or not serving yet: stop now
             return super().handle_exit(sig, frame)
         self.state.draining = True
-        logger.info("signal %d: draining %d in-flight request(s), up to %.0fs", sig, self.state.client.in_flight,
+        logger.info("signal %d: draining %d in-flight request(s), up to %.0fs", sig, self.state.client.open_sequences,
                     self.timeout)
         self.loop.call_soon_threadsafe(self._start_drain)
 
@@ -70,7 +70,7 @@ class DrainingServer(uvicorn.Server):
         while self.state.busy and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if self.state.busy:
-            logger.warning("shutdown timeout: failing %d request(s) still in flight", self.state.client.in_flight)
+            logger.warning("shutdown timeout: failing %d request(s) still in flight", self.state.client.open_sequences)
             self.state.codec.close()
             self.state.client.fail_all("the server is shutting down", 503)
         self.should_exit = True

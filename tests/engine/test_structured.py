@@ -138,7 +138,7 @@ def test_constrained_and_free_requests_share_batches_with_overlap(llm):
     for out in mixed[3:]:
         assert out.finish_reason == "stop" and out.token_ids[-1] in llm.engine.config.eos_token_ids
         assert jsonschema.Draft202012Validator({"pattern": f"^{EMAIL}$"}).is_valid(out.text)
-    assert llm.scheduler.overlap and llm.scheduler.in_flight is None and idle(llm)
+    assert llm.scheduler.overlap and llm.scheduler.unread_step is None and idle(llm)
 
 
 @pytest.mark.parametrize("extreme", [{"repetition_penalty": 5e-324}, {"repetition_penalty": 9.7e307},
