@@ -56,7 +56,7 @@ def decode_steps(llm: LLM, prompts: list[list[int]], steps: int, profile: bool, 
         top_kernels(prof, steps, top)
     while sched.has_work:
         sched.tick([])
-    sched.finished.clear()
+    sched.take_outputs()
     return ms
 
 

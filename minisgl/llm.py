@@ -83,9 +83,9 @@ class LLM:
             while pending:
                 self.scheduler.tick(messages)
                 messages = []
-                for req in self.scheduler.finished:
+                _, finished = self.scheduler.take_outputs()
+                for req in finished:
                     pending.discard(req.rid)
-                self.scheduler.finished.clear()
         except BaseException as exc:
             if not self._followers.procs:
                 raise

@@ -34,7 +34,7 @@ def follow(scheduler: Scheduler) -> None:
     """Ranks 1..N-1: apply rank 0's messages and run its steps until it says Shutdown."""
     while not scheduler.shutdown:
         scheduler.tick(None)
-        scheduler.finished.clear()  # rank 0 reports results
+        scheduler.take_outputs()  # rank 0 reports them
     scheduler.engine.close()
 
 

@@ -60,7 +60,7 @@ class Scheduler:
         self.reqs: dict[int, Req] = {}
         self.unread_step: LaunchedStep | None = None  # launched, results not read yet (overlap only)
         self.pending: Batch | None = None  # built, to launch at the next tick's start (see `step`)
-        self.finished: list[Req] = []  # finished since the caller last drained it
+        self.finished: list[Req] = []  # finished since the caller last took them (`take_outputs`)
         self.progressed: list[Req] = []  # got tokens in the last tick and still running (for streaming)
         self.last_step_tokens = 0  # the tokens of the step read in the last tick, as vLLM counts an iteration's
         self.num_retracted = 0
@@ -138,7 +138,7 @@ class Scheduler:
         self._run_to_completion([Req(-1 - len(prompts) - k, prompts[0] + [k] * (k + 1), sampled, seed=k)
                                  for k in range(3 if prompts else 0)])
         self.tick([FlushCache()])
-        self.finished.clear()
+        self.take_outputs()
         self.num_retracted = self.cache_hit_tokens = self.prompt_tokens_admitted = 0
 
     def _run_to_completion(self, reqs: list[Req]) -> None:
@@ -440,6 +440,13 @@ class Scheduler:
         req.status, req.finish_reason = ReqStatus.FINISHED, reason
         del self.reqs[req.rid]
         self.finished.append(req)
+
+    def take_outputs(self) -> tuple[list[Req], list[Req]]:
+        """Hand over the requests that got tokens in the last step and still run, and those finished since the last
+        call: each finish is reported once, and the scheduler keeps no request it has let go of."""
+        progressed, finished = self.progressed, self.finished
+        self.progressed, self.finished = [], []
+        return progressed, finished
 
     def stats(self) -> dict:
         return {

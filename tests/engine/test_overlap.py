@@ -46,8 +46,7 @@ def run_all(llm: LLM, reqs: list[Req], on_step=None) -> dict[int, Req]:
         llm.scheduler.tick([])  # with the grammars compiled since the last one
         if on_step:
             on_step(llm)
-        done.update((r.rid, r) for r in llm.scheduler.finished)
-        llm.scheduler.finished.clear()
+        done.update((r.rid, r) for r in llm.scheduler.take_outputs()[1])
     return done
 
 
@@ -287,8 +286,7 @@ def test_free_requests_overlap_while_a_grammar_compiles(engines):
         assert [r.rid for r in scheduler.compiling] == [92] and (scheduler.unread_step or scheduler.pending)
     progressed_while_compiling = {r.rid: len(r.output_ids) for r in scheduler.running}
     gate.set()
-    got = {r.rid: r for r in scheduler.finished}
-    scheduler.finished.clear()
+    got = {r.rid: r for r in scheduler.take_outputs()[1]}
     got.update(run_all(overlap, []))
     want = run_all(plain, fresh(reqs))
     assert all(n > 0 for n in progressed_while_compiling.values()) and len(progressed_while_compiling) == 2

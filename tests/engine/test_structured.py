@@ -176,7 +176,7 @@ def test_abort_while_the_grammar_compiles_leaves_nothing_behind(llm):
         scheduler.tick([])
     assert req.finish_reason == "abort" and req.rid not in scheduler.reqs
     assert not scheduler.grammars.matchers and not scheduler.grammars.compiling and idle(llm)
-    scheduler.finished.clear()
+    scheduler.take_outputs()
 
 
 def test_tensor_parallel_ranks_follow_the_same_grammar(tiny_models, llm):
