@@ -37,7 +37,7 @@ import torch
 
 from minisgl import LLM, SamplingParams
 from minisgl.core import Req
-from minisgl.scheduler import AddReq
+from minisgl.messages import AddReq
 from minisgl.tools.tiny_model import make_tiny_model
 
 PARTS = ("step", "batch", "forward", "model", "sample", "sampler", "commit")
@@ -62,7 +62,7 @@ def decoding_llm(model: str, batch: int) -> LLM:
     reqs = [Req(i, [rng.randrange(3, 400) for _ in range(32)], params, seed=i) for i in range(batch)]
     scheduler = llm.scheduler
     scheduler.sync_and_apply([AddReq(r) for r in reqs])
-    while scheduler.in_flight is None or not scheduler.in_flight.batch.is_decode:
+    while scheduler.unread_step is None or not scheduler.unread_step.batch.is_decode:
         scheduler.step()
     return llm
 

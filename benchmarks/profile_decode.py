@@ -25,7 +25,7 @@ from offline import model_dir, w1, w3
 
 from minisgl import LLM, SamplingParams
 from minisgl.core import Req
-from minisgl.scheduler import AddReq
+from minisgl.messages import AddReq
 
 
 def top_kernels(prof: torch.profiler.profile, per: int, top: int) -> None:
@@ -56,7 +56,7 @@ def decode_steps(llm: LLM, prompts: list[list[int]], steps: int, profile: bool, 
         top_kernels(prof, steps, top)
     while sched.has_work:
         sched.tick([])
-    sched.finished.clear()
+    sched.take_outputs()
     return ms
 
 

@@ -198,7 +198,7 @@ class Req:
     `kv_len` counts the leading tokens whose K/V are in the pool (or being written by a step already
     on the device). A forward pass feeds tokens `kv_len .. kv_len + n - 1`; when that reaches
     `device_len` the last logits are sampled. Prefill, chunked prefill, prefix-cache extend, decode and
-    recompute after retraction are all this one rule. `in_flight` counts tokens sampled on the device
+    recompute after retraction are all this one rule. `unseen_tokens` counts tokens sampled on the device
     that the host has not seen yet (overlap scheduling): they exist only in the engine's token table.
     """
 
@@ -215,7 +215,7 @@ class Req:
     row: int = -1  # row in the page table while RUNNING
     pages: list[int] = field(default_factory=list)  # physical pages backing all_ids[:kv_len...]
     kv_len: int = 0
-    in_flight: int = 0
+    unseen_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (best over admissions)
     cache_handle: object = None  # the prefix-cache node locked for this request
     cache_salt: str | None = None  # requests share cached prefixes only with requests of the same salt (vLLM's)
@@ -245,7 +245,7 @@ class Req:
     @property
     def device_len(self) -> int:
         """Tokens the device knows: the host's plus those sampled and not yet seen."""
-        return self.seq_len + self.in_flight
+        return self.seq_len + self.unseen_tokens
 
 
 @dataclass

@@ -16,17 +16,17 @@ import gc
 import random
 from dataclasses import dataclass
 from itertools import count
-from pathlib import Path
 from typing import Sequence
 
 import torch
 
 from minisgl.core import Req, SamplingParams, TokenLogprob, check_request
-from minisgl.distributed import free_port, init_tp_group, leave_tp_group
+from minisgl.distributed import free_port, leave_tp_group
 from minisgl.engine.config import EngineArgs
-from minisgl.engine.engine import Engine, resolve_device
-from minisgl.scheduler import AddReq, Scheduler, Shutdown
+from minisgl.messages import AddReq, Shutdown
 from minisgl.scheduler.follower import Followers
+from minisgl.scheduler.rank import build_scheduler
+from minisgl.tokenizer import load_tokenizer
 
 
 @dataclass
@@ -38,18 +38,6 @@ class RequestOutput:
     cached_tokens: int
     logprobs: list[TokenLogprob] | None
     prompt_logprobs: list[TokenLogprob] | None  # prompt tokens 1.. (the first has nothing before it)
-
-
-def has_tokenizer(path: Path) -> bool:
-    return any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json"))
-
-
-def load_tokenizer(path: Path):
-    if not has_tokenizer(path):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
 
 
 class LLM:
@@ -65,10 +53,8 @@ class LLM:
         self._closed = True  # until built: nothing to shut down
         self._followers = Followers(tp_size, port, args)
         try:
-            device_ = resolve_device(device, 0)
-            self._tp = self._followers.tp = init_tp_group(0, tp_size, device_, port, self._followers.check)
-            self.engine = Engine(args, self._tp, device_)
-            self.scheduler = Scheduler(self.engine, self._tp)
+            self.scheduler = build_scheduler(0, tp_size, port, args, self._followers)
+            self.engine = self.scheduler.engine
             if self.engine.device.type == "cuda":  # kernels compile now, not in the first generate
                 self.scheduler.warm_up()
         except BaseException:
@@ -97,9 +83,9 @@ class LLM:
             while pending:
                 self.scheduler.tick(messages)
                 messages = []
-                for req in self.scheduler.finished:
+                _, finished = self.scheduler.take_outputs()
+                for req in finished:
                     pending.discard(req.rid)
-                self.scheduler.finished.clear()
         except BaseException as exc:
             if not self._followers.procs:
                 raise

@@ -18,10 +18,7 @@ For every row of a logits batch, in this order:
    the exponential race, argmax(p / E) with E = -log(u).
 
 6. Thinking budget (vLLM's thinking_token_budget): a row whose thinking block holds its budget of tokens
-   gets the block's end marker, one token per step, in place of the token drawn. Each such row keeps its
-   state on the device (tokens in the block, or -1 outside; how much of each marker its last tokens
-   match), advanced by every token it takes, so forcing needs no host round trip and works ahead of the
-   host under overlap scheduling.
+   gets the block's end marker, one token per step, in place of the token drawn (`thinking_budget.py`).
 
 The uniform noise u is a counter-based integer hash of (request seed, tokens generated so far, token
 id), so a request draws the same token from the same logits at the same step whatever else is in the
@@ -36,7 +33,8 @@ from dataclasses import dataclass
 import torch
 
 from minisgl.constrained import apply_bitmask
-from minisgl.core import GREEDY_TEMPERATURE, MAX_LOGIT_BIAS, MAX_MARKER_TOKENS, SamplingParams, ThinkingBudget
+from minisgl.core import GREEDY_TEMPERATURE, MAX_LOGIT_BIAS, SamplingParams
+from minisgl.engine.thinking_budget import ThinkingBudgets
 from minisgl.kernels import use_triton
 
 _M32 = 0xFFFFFFFF
@@ -56,42 +54,6 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     for _ in range(2):
         x = (((x >> 16) ^ x) * 0x45D9F3B) & _M32
     return (x >> 16) ^ x
-
-
-def _last_index(ids: list[int], marker: tuple[int, ...]) -> int:
-    """Where `marker` last starts in `ids` (-1: nowhere)."""
-    n = len(marker)
-    return next((i for i in range(len(ids) - n, -1, -1) if tuple(ids[i:i + n]) == marker), -1)
-
-
-def thinking_state(think: ThinkingBudget, prompt_ids: list[int], output_ids: list[int]) -> tuple[int, int, int]:
-    """A row's thinking state after its prompt and output, as step 6 leaves it: (tokens in the open block, -1
-    outside one; the length of the start marker's prefix the last tokens match; the end marker's). A prompt
-    whose last start marker comes after its last end marker opens the block (at most `budget` full)."""
-    last_start = _last_index(prompt_ids, think.start)
-    count = -1
-    if last_start > _last_index(prompt_ids, think.end):
-        count = min(len(prompt_ids) - last_start - len(think.start), think.budget)
-    state = (count, 0, 0)
-    for token in output_ids:
-        state = thinking_step(think, *state, token)
-    return state
-
-
-def thinking_step(think: ThinkingBudget, count: int, start_match: int, end_match: int, token: int
-                  ) -> tuple[int, int, int]:
-    """Step 6 for one token taken (the forced one, when forcing), in plain Python: what the device does per row."""
-    def advance(match: int, marker: tuple[int, ...]) -> int:
-        return match + 1 if token == marker[match] else int(token == marker[0])
-
-    if count < 0:
-        start_match = advance(start_match, think.start)
-        return (0, 0, 0) if start_match == len(think.start) else (-1, start_match, 0)
-    forced_at = count - think.budget
-    if forced_at >= 0:
-        return (-1, 0, 0) if forced_at + 1 == len(think.end) else (count + 1, 0, 0)
-    end_match = advance(end_match, think.end)
-    return (-1, 0, 0) if end_match == len(think.end) else (count + 1, 0, end_match)
 
 
 @dataclass
@@ -120,19 +82,13 @@ class Sampler:
         # [max_rows, MAX_LOGIT_BIAS] logit_bias pairs (a row's unused slots add 0 to token 0), allocated likewise.
         self.bias_ids: torch.Tensor | None = None
         self.bias_values: torch.Tensor | None = None
-        # Thinking budgets (step 6), allocated likewise: [max_rows, 4] budget (-1: none), tokens in the block (-1:
-        # outside), start / end marker prefix matched; [max_rows, 2, MAX_MARKER_TOKENS] the markers, padded with
-        # -1 (no token); [max_rows, 2] their lengths.
-        self.think: torch.Tensor | None = None
-        self.think_markers: torch.Tensor | None = None
-        self.think_lens: torch.Tensor | None = None
+        self.thinking = ThinkingBudgets(max_rows, self.device)  # step 6
         # Rows that sample randomly / need the sort for top-k or top-p / use min-p, so that `sample` can
         # skip that work, or take the fused kernel, without a device sync.
         self._random: set[int] = set()
         self._sorting: set[int] = set()
         self._min_p: set[int] = set()
         self._biased: set[int] = set()
-        self._thinking: set[int] = set()
 
     def _ids(self, ids: list[int]) -> torch.Tensor:
         return torch.tensor(ids, dtype=torch.int64, device=self.device)
@@ -161,7 +117,7 @@ class Sampler:
             self.in_prompt[row] = False
             self.in_prompt[row, self._ids(prompt_ids)] = True
         self._prepare_bias(row, p.logit_bias)
-        self._prepare_thinking(row, p.thinking_budget, prompt_ids, output_ids)
+        self.thinking.prepare_row(row, p.thinking_budget, prompt_ids, output_ids)
         if min_tokens > 0:
             if self.banned is None:
                 self.banned = torch.zeros(self.max_rows, vocab, dtype=torch.bool, device=self.device)
@@ -182,34 +138,13 @@ class Sampler:
             self.bias_values[row] = 0
             self._biased.discard(row)
 
-    def _prepare_thinking(self, row: int, think: ThinkingBudget | None, prompt_ids: list[int],
-                          output_ids: list[int]) -> None:
-        """Load the row's thinking budget and its state after the tokens it has; a row without one is inert."""
-        if think is None:
-            if self.think is not None:
-                self.think[row, 0] = -1
-            self._thinking.discard(row)
-            return
-        if self.think is None:
-            self.think = torch.zeros(self.max_rows, 4, dtype=torch.int64, device=self.device)
-            self.think[:, 0] = -1  # no budget
-            self.think_markers = torch.full((self.max_rows, 2, MAX_MARKER_TOKENS), -1, dtype=torch.int64,
-                                            device=self.device)
-            self.think_lens = torch.ones(self.max_rows, 2, dtype=torch.int64, device=self.device)
-        markers = torch.full((2, MAX_MARKER_TOKENS), -1, dtype=torch.int64)
-        markers[0, :len(think.start)], markers[1, :len(think.end)] = torch.tensor(think.start), torch.tensor(think.end)
-        self.think_markers[row] = markers
-        self.think_lens[row] = torch.tensor([len(think.start), len(think.end)])
-        self.think[row] = torch.tensor([think.budget, *thinking_state(think, prompt_ids, output_ids)])
-        self._thinking.add(row)
-
     def release_row(self, row: int) -> None:
         """The row's request left: greedy batches after it need not pay for random sampling or its bias."""
         self._random.discard(row)
         self._sorting.discard(row)
         self._min_p.discard(row)
         self._biased.discard(row)
-        self._thinking.discard(row)
+        self.thinking.release_row(row)
 
     @property
     def needs_random(self) -> bool:
@@ -265,8 +200,8 @@ class Sampler:
             tokens = self._race_fused(processed, rows)
         else:
             tokens = self._race_torch(processed, rows)
-        if self._thinking:
-            tokens = self._force_thinking_end(tokens, rows)
+        if self.thinking.rows:
+            tokens = self.thinking.force_end(tokens, rows)
         self.generated[rows] += 1
         if self.counts is not None:  # every row: a row without penalties ignores its counts
             self.counts[rows, tokens] += 1
@@ -274,30 +209,6 @@ class Sampler:
             return SampleOutput(tokens, None, None, None)
         top = logprobs.topk(top_n, -1)
         return SampleOutput(tokens, logprobs.gather(-1, tokens[:, None])[:, 0], top.indices, top.values)
-
-    def _force_thinking_end(self, tokens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Step 6 for every row at once (`thinking_step`'s rule; rows without a budget keep their token)."""
-        budget, count, start_match, end_match = self.think[rows].unbind(1)
-        start, end = self.think_markers[rows].unbind(1)
-        start_len, end_len = self.think_lens[rows].unbind(1)
-        active = budget >= 0
-        inside = active & (count >= 0)
-        forced_at = count - budget
-        forcing = inside & (forced_at >= 0)
-        tokens = torch.where(forcing, end.gather(1, forced_at.clamp(0, MAX_MARKER_TOKENS - 1)[:, None])[:, 0], tokens)
-
-        def advance(match: torch.Tensor, marker: torch.Tensor) -> torch.Tensor:
-            return torch.where(tokens == marker.gather(1, match[:, None])[:, 0], match + 1,
-                               (tokens == marker[:, 0]).long())
-
-        start_match, end_match = advance(start_match, start), advance(end_match, end)
-        closed = inside & torch.where(forcing, forced_at + 1 == end_len, end_match == end_len)
-        opened = active & ~inside & (start_match == start_len)
-        count = torch.where(closed, -1, torch.where(inside, count + 1, torch.where(opened, 0, count)))
-        start_match = torch.where(active & ~inside & ~opened, start_match, 0)
-        end_match = torch.where(inside & ~forcing & ~closed, end_match, 0)
-        self.think[rows] = torch.stack([budget, count, start_match, end_match], 1)
-        return tokens
 
     def _race_fused(self, processed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Step 5 for rows with temperature only, in one pass over the logits (the same tokens, up to

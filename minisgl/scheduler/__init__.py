@@ -1,5 +1,5 @@
-"""Continuous-batching scheduler (one per TP rank) and the messages it takes."""
+"""Continuous-batching scheduler (one per TP rank); the messages it takes are `minisgl.messages`'."""
 
-from minisgl.scheduler.scheduler import AbortReq, AddReq, GrammarReady, Scheduler, Shutdown
+from minisgl.scheduler.scheduler import Scheduler
 
-__all__ = ["AbortReq", "AddReq", "GrammarReady", "Scheduler", "Shutdown"]
+__all__ = ["Scheduler"]

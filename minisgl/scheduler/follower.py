@@ -1,36 +1,17 @@
-"""Scheduler processes: rank 0 serves messages from ZMQ (server) or from the offline LLM; ranks
-1..N-1 follow rank 0's broadcast, making the same decisions and running the same steps."""
+"""Ranks 1..N-1 of an offline engine, as child processes of its rank 0, and the watch over them."""
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
-import multiprocessing.connection
 import threading
 
-from minisgl.distributed import TPGroup, init_tp_group
+from minisgl.children import end_all, wait_for_exit
+from minisgl.distributed import TPGroup
 from minisgl.engine.config import EngineArgs
-from minisgl.engine.engine import Engine, resolve_device
-from minisgl.scheduler.scheduler import Scheduler
+from minisgl.scheduler.rank import run_follower
 
 logger = logging.getLogger(__name__)
-
-
-def build_scheduler(rank: int, size: int, port: int, args: EngineArgs) -> Scheduler:
-    device = resolve_device(args.device, rank)
-    tp = init_tp_group(rank, size, device, port)
-    return Scheduler(Engine(args, tp, device), tp)
-
-
-def follow(scheduler: Scheduler) -> None:
-    while not scheduler.shutdown:
-        scheduler.tick(None)
-        scheduler.finished.clear()  # rank 0 reports results
-    scheduler.engine.close()
-
-
-def run_follower(rank: int, size: int, port: int, args: EngineArgs) -> None:
-    follow(build_scheduler(rank, size, port, args))
 
 
 class Followers:
@@ -60,18 +41,20 @@ class Followers:
         if self.death is not None:
             raise RuntimeError(self.death)
 
+    def joined(self, tp: TPGroup) -> None:
+        """Rank 0 has joined the group: abort it if a follower dies from now on."""
+        self.tp = tp
+
     def death_within(self, seconds: float) -> str | None:
         """Which follower died, waiting up to `seconds` for the watcher to see one that is dying."""
         self._died.wait(seconds)
         return self.death
 
     def _watch(self) -> None:
-        ended = multiprocessing.connection.wait([proc.sentinel for proc in self.procs])
-        if self.stopping.is_set():
+        deaths = wait_for_exit(self.procs, self.stopping)
+        if not deaths:
             return
-        dead = next(proc for proc in self.procs if proc.sentinel in ended)
-        dead.join(timeout=1)  # its pipe closes a moment before it can be reaped: join for the exit code
-        self.death = f"{dead.name} (pid {dead.pid}) exited with code {dead.exitcode}"
+        self.death = deaths[0]
         self._died.set()
         logger.error("%s; stopping the other ranks", self.death)
         self.stop()
@@ -84,8 +67,4 @@ class Followers:
     def stop(self, grace: float = 0.0) -> None:
         """Wait up to `grace` seconds for the followers to exit on their own, then kill what is left."""
         self.stopping.set()
-        for proc in self.procs:
-            proc.join(timeout=grace)
-            if proc.exitcode is None:
-                proc.kill()
-                proc.join(timeout=5)
+        end_all(self.procs, grace)

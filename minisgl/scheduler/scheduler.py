@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
 
 import torch
 
@@ -34,6 +33,7 @@ from minisgl.core import Batch, Req, ReqStatus, SamplingParams, TokenLogprob
 from minisgl.distributed import TPGroup
 from minisgl.engine.engine import Engine, LaunchedStep, PromptScores, StepResult
 from minisgl.kvcache import KVCacheManager, make_prefix_cache
+from minisgl.messages import AbortReq, AddReq, FlushCache, GrammarReady, Shutdown
 from minisgl.scheduler.trace import StepTrace
 
 logger = logging.getLogger(__name__)
@@ -41,34 +41,6 @@ logger = logging.getLogger(__name__)
 
 # Prompt lengths of the warm-up: one per fused-MoE config row and attention variant a prefill may pick.
 WARM_UP_LENGTHS = (4, 24, 48, 96, 192, 384, 768, 1536)
-
-
-@dataclass
-class AddReq:
-    req: Req
-
-
-@dataclass
-class AbortReq:
-    rid: int
-
-
-@dataclass
-class Shutdown:
-    pass
-
-
-@dataclass
-class FlushCache:
-    """Empty the prefix cache on every rank (nothing may be running): ranks whose caches differed would match
-    different prefixes and fall out of step."""
-
-
-@dataclass
-class GrammarReady:
-    """Rank 0 to every rank: this request's grammar compilation has ended; admit it (or fail it)."""
-
-    rid: int
 
 
 class Scheduler:
@@ -86,9 +58,9 @@ class Scheduler:
         self.grammars: Grammars | None = None  # made with the first constrained request
         self.running: list[Req] = []  # admission order: the last one is the cheapest to retract
         self.reqs: dict[int, Req] = {}
-        self.in_flight: LaunchedStep | None = None  # launched, results not read yet (overlap only)
+        self.unread_step: LaunchedStep | None = None  # launched, results not read yet (overlap only)
         self.pending: Batch | None = None  # built, to launch at the next tick's start (see `step`)
-        self.finished: list[Req] = []  # finished since the caller last drained it
+        self.finished: list[Req] = []  # finished since the caller last took them (`take_outputs`)
         self.progressed: list[Req] = []  # got tokens in the last tick and still running (for streaming)
         self.last_step_tokens = 0  # the tokens of the step read in the last tick, as vLLM counts an iteration's
         self.num_retracted = 0
@@ -166,7 +138,7 @@ class Scheduler:
         self._run_to_completion([Req(-1 - len(prompts) - k, prompts[0] + [k] * (k + 1), sampled, seed=k)
                                  for k in range(3 if prompts else 0)])
         self.tick([FlushCache()])
-        self.finished.clear()
+        self.take_outputs()
         self.num_retracted = self.cache_hit_tokens = self.prompt_tokens_admitted = 0
 
     def _run_to_completion(self, reqs: list[Req]) -> None:
@@ -192,7 +164,7 @@ class Scheduler:
     @property
     def can_step(self) -> bool:
         """There is a batch to launch or a step to read (grammars compiling alone are not that)."""
-        return bool(self.waiting or self.running or self.in_flight or self.pending)
+        return bool(self.waiting or self.running or self.unread_step or self.pending)
 
     @property
     def constrained(self) -> bool:
@@ -219,7 +191,7 @@ class Scheduler:
         in two halves: forward pass, then (overlap) the previous step read while the device computes,
         then its masks filled and sampling enqueued."""
         self.progressed = []
-        previous, self.in_flight = self.in_flight, None
+        previous, self.unread_step = self.unread_step, None
         batch, self.pending = self.pending or self._next_batch(), None
         if batch is not None and previous is not None and not batch.is_decode and self._has_first_tokens(previous):
             self._commit(previous)
@@ -236,7 +208,7 @@ class Scheduler:
         if previous is not None:
             self._commit(previous)
         if self.overlap:
-            self.in_flight = launched
+            self.unread_step = launched
         elif launched is not None:
             self._commit(launched)
         return batch
@@ -274,7 +246,7 @@ class Scheduler:
         for req, n in zip(batch.reqs, batch.extend_lens):
             req.kv_len += n
         for i in batch.sampled:
-            batch.reqs[i].in_flight += 1
+            batch.reqs[i].unseen_tokens += 1
         self.kv.flush()
         return batch
 
@@ -300,7 +272,7 @@ class Scheduler:
                 budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_running:
             req = self.waiting[0]
-            if req.in_flight:  # retracted while its last token was in flight: wait for that token
+            if req.unseen_tokens:  # retracted while its last token was in flight: wait for that token
                 break
             try:
                 n = self._admit(req, budget)
@@ -365,7 +337,7 @@ class Scheduler:
 
     def _awaits_last_token(self, req: Req) -> bool:
         """Its in-flight token is its last one (max_tokens or the length limit): nothing to compute."""
-        return req.in_flight > 0 and (len(req.output_ids) + req.in_flight >= req.params.max_tokens
+        return req.unseen_tokens > 0 and (len(req.output_ids) + req.unseen_tokens >= req.params.max_tokens
                                       or req.device_len >= self.engine.max_seq_len)
 
     def _retract(self, req: Req) -> None:
@@ -399,7 +371,7 @@ class Scheduler:
             self._record_prompt_scores(batch.reqs[scores.index], scores)
         for j, i in enumerate(batch.sampled):
             req = batch.reqs[i]
-            req.in_flight -= 1
+            req.unseen_tokens -= 1
             if req.status is ReqStatus.FINISHED:  # aborted or failed while this token was in flight
                 continue
             # vLLM's iteration tokens: the tokens kept, plus the whole prompt of a request's first token (counted
@@ -468,6 +440,13 @@ class Scheduler:
         req.status, req.finish_reason = ReqStatus.FINISHED, reason
         del self.reqs[req.rid]
         self.finished.append(req)
+
+    def take_outputs(self) -> tuple[list[Req], list[Req]]:
+        """Hand over the requests that got tokens in the last step and still run, and those finished since the last
+        call: each finish is reported once, and the scheduler keeps no request it has let go of."""
+        progressed, finished = self.progressed, self.finished
+        self.progressed, self.finished = [], []
+        return progressed, finished
 
     def stats(self) -> dict:
         return {

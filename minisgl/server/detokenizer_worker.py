@@ -13,20 +13,9 @@ import logging
 import zmq
 
 from minisgl.core import TokenLogprob
-from minisgl.scheduler import AbortReq
+from minisgl.messages import AbortReq, Alternative, DetokRegister, LogprobEntry, Ready, ReqOutput, TextOutput
 from minisgl.server.detokenizer import IncrementalDetokenizer, token_text
-from minisgl.server.ipc import (
-    Alternative,
-    DetokRegister,
-    IpcPaths,
-    LogprobEntry,
-    Ready,
-    ReqOutput,
-    TextOutput,
-    become_child,
-    inbox,
-    outbox,
-)
+from minisgl.server.ipc import IpcPaths, become_child, inbox, outbox
 
 logger = logging.getLogger("minisgl.detokenizer")
 

@@ -21,9 +21,9 @@ import zmq
 import zmq.asyncio
 
 from minisgl.core import Req, SamplingParams
-from minisgl.scheduler import AbortReq, AddReq
+from minisgl.messages import AbortReq, AddReq, DetokRegister, Ready, StatsReply, StatsRequest, TextOutput
 from minisgl.server.errors import ApiError
-from minisgl.server.ipc import DetokRegister, IpcPaths, Ready, StatsReply, StatsRequest, TextOutput, inbox, outbox
+from minisgl.server.ipc import IpcPaths, inbox, outbox
 from minisgl.server.metrics import Metrics
 
 logger = logging.getLogger("minisgl.api")
@@ -83,7 +83,8 @@ class EngineClient:
         self.queued = 0  # admitted sequences without a first token yet: what --max-queued-requests limits
 
     @property
-    def in_flight(self) -> int:
+    def open_sequences(self) -> int:
+        """Sequences submitted and not finished yet (a request has one per prompt x sample)."""
         return len(self.sequences)
 
     # ---- admission -------------------------------------------------------------------------------

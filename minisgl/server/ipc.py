@@ -1,11 +1,7 @@
-"""ZMQ plumbing between the server's processes, and the messages that cross it.
+"""ZMQ plumbing between the server's processes: where their sockets live, and how a child process behaves.
 
-    api ──AddReq/AbortReq/StatsRequest──▶ scheduler rank 0 ──ReqOutput──▶ detokenizer ──TextOutput──▶ api
-    api ──DetokRegister──▶ detokenizer          detokenizer ──AbortReq (stop string hit)──▶ scheduler
-    scheduler ──Ready/StatsReply──▶ api          detokenizer ──Ready──▶ api
-
-Each process binds one PULL socket (its inbox) and PUSHes to the others' inboxes. Messages are small
-pickled dataclasses; token ids travel as lists, never tensors.
+Each process binds one PULL socket (its inbox) and PUSHes to the others' inboxes. What travels on them, and
+which way, is `minisgl/messages.py`.
 """
 
 from __future__ import annotations
@@ -13,12 +9,9 @@ from __future__ import annotations
 import ctypes
 import signal
 import tempfile
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import zmq
-
-from minisgl.core import TokenLogprob
 
 
 @dataclass
@@ -57,81 +50,3 @@ def become_child() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
-
-
-@dataclass
-class ReqOutput:
-    """Scheduler -> detokenizer: what one request produced since its last output."""
-
-    rid: int
-    new_ids: list[int]
-    logprobs: list[TokenLogprob]
-    finish_reason: str | None
-    prompt_tokens: int
-    cached_tokens: int
-    error: str | None = None  # the scheduler failed this request alone (finish_reason "abort")
-    prompt_logprobs: list[TokenLogprob] | None = None  # with its first output, when asked for
-    scheduled_at: float | None = None  # with its first output: when it was first scheduled (time.monotonic)
-    hidden_state: list[float] | None = None  # the latest token's final hidden state (return_hidden_states)
-
-
-@dataclass
-class DetokRegister:
-    """Api -> detokenizer, before the request reaches the scheduler: how to turn its ids into text."""
-
-    rid: int
-    stop: list[str]
-    skip_special_tokens: bool = True
-
-
-class Alternative(NamedTuple):
-    text: str
-    logprob: float
-    token_id: int
-
-
-class LogprobEntry(NamedTuple):
-    """One token's log-probability as the detokenizer passes it on: its text and id, and the top
-    alternatives (ids kept, so that two tokens of one text stay apart)."""
-
-    text: str
-    token_id: int
-    logprob: float | None  # None: an echoed prompt's first token (nothing comes before it)
-    top: list[Alternative]
-
-
-@dataclass
-class TextOutput:
-    """Detokenizer -> api: the text a request produced since its last output."""
-
-    rid: int
-    text: str
-    new_ids: list[int]
-    logprobs: list[LogprobEntry]
-    finish_reason: str | None
-    prompt_tokens: int
-    cached_tokens: int
-    error: str | None = None  # the request failed alone (finish_reason "abort"); its client gets this message
-    matched_stop: str | int | None = None  # with finish_reason "stop": the stop string, or the stop/EOS token id
-    prompt_logprobs: list[LogprobEntry] | None = None  # prompt tokens 1..
-    scheduled_at: float | None = None  # as in ReqOutput
-    hidden_state: list[float] | None = None  # as in ReqOutput
-
-
-@dataclass
-class StatsRequest:
-    ask_id: int
-
-
-@dataclass
-class StatsReply:
-    ask_id: int
-    stats: dict
-
-
-@dataclass
-class Ready:
-    """Scheduler rank 0 or detokenizer -> api: this component can take requests."""
-
-    component: str  # "scheduler" | "detokenizer"
-    info: dict = field(default_factory=dict)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
-import multiprocessing.connection
 import os
 import shutil
 import signal
@@ -23,8 +22,8 @@ from pathlib import Path
 
 import uvicorn
 
+from minisgl.children import end_all, wait_for_exit
 from minisgl.distributed import free_port
-from minisgl.llm import load_tokenizer
 from minisgl.models import resolve_model_path
 from minisgl.models.config import ModelConfig
 from minisgl.server.api import build_app
@@ -33,6 +32,7 @@ from minisgl.server.detokenizer_worker import run_detokenizer
 from minisgl.server.ipc import IpcPaths
 from minisgl.server.scheduler_loop import run_scheduler
 from minisgl.server.state import ServerState
+from minisgl.tokenizer import load_tokenizer
 
 logger = logging.getLogger("minisgl")
 
@@ -58,7 +58,7 @@ class DrainingServer(uvicorn.Server):
         if self.state.draining or self.loop is None:  # a second signal, or not serving yet: stop now
             return super().handle_exit(sig, frame)
         self.state.draining = True
-        logger.info("signal %d: draining %d in-flight request(s), up to %.0fs", sig, self.state.client.in_flight,
+        logger.info("signal %d: draining %d in-flight request(s), up to %.0fs", sig, self.state.client.open_sequences,
                     self.timeout)
         self.loop.call_soon_threadsafe(self._start_drain)
 
@@ -70,7 +70,7 @@ class DrainingServer(uvicorn.Server):
         while self.state.busy and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if self.state.busy:
-            logger.warning("shutdown timeout: failing %d request(s) still in flight", self.state.client.in_flight)
+            logger.warning("shutdown timeout: failing %d request(s) still in flight", self.state.client.open_sequences)
             self.state.codec.close()
             self.state.client.fail_all("the server is shutting down", 503)
         self.should_exit = True
@@ -92,10 +92,7 @@ class Lifetime:
 
     def end(self) -> None:
         self.stopping.set()
-        for child in self.children:
-            child.kill()
-        for child in self.children:  # dead before their directory goes: none can bind a socket in it again
-            child.join(timeout=10)
+        end_all(self.children)  # dead before their directory goes: none can bind a socket in it again
         for path in self.dirs:
             shutil.rmtree(path, ignore_errors=True)
 
@@ -115,16 +112,12 @@ def start_children(args: ServerArgs, ipc: IpcPaths) -> list[multiprocessing.Proc
 
 def watch_children(life: Lifetime) -> None:
     """Any child exiting on its own is fatal: say which, stop the rest, exit non-zero."""
-    ended = multiprocessing.connection.wait([c.sentinel for c in life.children])
-    if life.stopping.is_set():
-        return
-    for child in life.children:
-        if child.sentinel in ended:  # its pipe closes a moment before it can be reaped: join for the code
-            child.join(timeout=1)
-            logger.error("%s (pid %d) exited with code %s; shutting the server down", child.name, child.pid,
-                         child.exitcode)
-    life.end()
-    os._exit(1)
+    deaths = wait_for_exit(life.children, life.stopping)
+    for death in deaths:
+        logger.error("%s; shutting the server down", death)
+    if deaths:
+        life.end()
+        os._exit(1)
 
 
 def serve(args: ServerArgs) -> int:

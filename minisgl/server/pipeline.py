@@ -12,10 +12,10 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
+from minisgl.messages import LogprobEntry, TextOutput
 from minisgl.server.boundary import CheckedRequest, prepare
 from minisgl.server.engine_client import Sequence
 from minisgl.server.errors import ApiError, error_responses
-from minisgl.server.ipc import LogprobEntry, TextOutput
 from minisgl.server.plan import Output, Plan
 from minisgl.server.schemas.types import Envelope, PromptTokensDetails, Usage
 from minisgl.server.sse import Event, event_stream

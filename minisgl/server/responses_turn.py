@@ -18,10 +18,10 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from minisgl.core import Constraint
+from minisgl.messages import LogprobEntry
 from minisgl.server.boundary import CheckedRequest
 from minisgl.server.conversations import conversation, forced_call, functions, output_parser, tool_use
 from minisgl.server.errors import ApiError, failure
-from minisgl.server.ipc import LogprobEntry
 from minisgl.server.parsers.output import ChoiceDelta, OutputParser, ToolUse
 from minisgl.server.parsers.tools import ToolCall
 from minisgl.server.pipeline import Answer, Choice, outputs, usage

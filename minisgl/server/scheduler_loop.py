@@ -9,9 +9,10 @@ from collections import Counter
 import zmq
 
 from minisgl.engine.config import EngineArgs
+from minisgl.messages import Ready, ReqOutput, StatsReply, StatsRequest
 from minisgl.scheduler import Scheduler
-from minisgl.scheduler.follower import build_scheduler, follow
-from minisgl.server.ipc import IpcPaths, Ready, ReqOutput, StatsReply, StatsRequest, become_child, inbox, outbox
+from minisgl.scheduler.rank import build_scheduler, follow
+from minisgl.server.ipc import IpcPaths, become_child, inbox, outbox
 
 logger = logging.getLogger("minisgl.scheduler")
 
@@ -93,7 +94,8 @@ class SchedulerServer:
     def report(self) -> None:
         """Send every request's new tokens (and finish) of the last step to the detokenizer."""
         outputs = []
-        for req in self.scheduler.progressed + self.scheduler.finished:
+        progressed, finished = self.scheduler.take_outputs()
+        for req in progressed + finished:
             start = self.sent.pop(req.rid, 0)
             if req.finish_reason is None:
                 self.sent[req.rid] = len(req.output_ids)
@@ -103,8 +105,6 @@ class SchedulerServer:
             outputs.append(ReqOutput(req.rid, req.output_ids[start:], req.output_logprobs[start:], req.finish_reason,
                                      len(req.prompt_ids), req.cached_tokens, req.error, scored, scheduled,
                                      req.hidden_state))
-        self.scheduler.progressed = []
-        self.scheduler.finished.clear()
         if outputs:
             self.to_detok.send_pyobj(outputs)
 

@@ -33,7 +33,7 @@ class ServerState:
     @property
     def busy(self) -> bool:
         """Requests are still in the server: being prepared, or generating."""
-        return bool(self.preparing or self.client.in_flight)
+        return bool(self.preparing or self.client.open_sequences)
 
     @property
     def limits(self) -> ModelLimits:

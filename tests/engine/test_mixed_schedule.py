@@ -16,7 +16,7 @@ import pytest
 
 from minisgl import LLM, SamplingParams
 from minisgl.core import Batch, Req
-from minisgl.scheduler import AddReq
+from minisgl.messages import AddReq
 
 DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
 VOCAB = 400
@@ -61,8 +61,7 @@ def drive(llm: LLM, reqs: list[Req], arrivals: dict[int, list[Req]] | None = Non
     while llm.scheduler.has_work or any(k >= tick for k in arrivals):
         llm.scheduler.tick([AddReq(r) for r in arrivals.get(tick, [])])
         tick += 1
-        done += llm.scheduler.finished
-        llm.scheduler.finished.clear()
+        done += llm.scheduler.take_outputs()[1]
     return done
 
 

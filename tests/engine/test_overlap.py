@@ -19,7 +19,7 @@ from helpers import make_llm, random_prompts
 from minisgl import LLM, SamplingParams
 from minisgl.constrained.grammar import COMPILE_THREADS
 from minisgl.core import Constraint, Req, ReqStatus
-from minisgl.scheduler import AbortReq, AddReq
+from minisgl.messages import AbortReq, AddReq
 
 VOCAB = 400
 
@@ -46,8 +46,7 @@ def run_all(llm: LLM, reqs: list[Req], on_step=None) -> dict[int, Req]:
         llm.scheduler.tick([])  # with the grammars compiled since the last one
         if on_step:
             on_step(llm)
-        done.update((r.rid, r) for r in llm.scheduler.finished)
-        llm.scheduler.finished.clear()
+        done.update((r.rid, r) for r in llm.scheduler.take_outputs()[1])
     return done
 
 
@@ -80,7 +79,7 @@ def all_returned(llm: LLM) -> bool:
 
 def overlapped_constrained(llm: LLM) -> bool:
     """The step just launched samples a constrained request and has not been read (it overlaps the next)."""
-    step = llm.scheduler.in_flight
+    step = llm.scheduler.unread_step
     return step is not None and any(step.batch.reqs[i].params.constraint for i in step.batch.sampled)
 
 
@@ -102,7 +101,7 @@ def test_finish_while_next_step_in_flight(engines):
     raced = []
 
     def watch(llm: LLM) -> None:
-        step = llm.scheduler.in_flight
+        step = llm.scheduler.unread_step
         raced.extend(r.rid for r in llm.scheduler.finished if step and r in step.batch.reqs)
 
     got = run_all(overlap, fresh(reqs), watch)
@@ -110,7 +109,7 @@ def test_finish_while_next_step_in_flight(engines):
     assert 0 in raced, "request 0 should finish while a step containing it is in flight"
     assert got[0].finish_reason == "stop" and got[0].output_ids[-1] == stop
     assert {i: r.output_ids for i, r in got.items()} == {i: r.output_ids for i, r in want.items()}
-    assert all(r.in_flight == 0 for r in got.values())
+    assert all(r.unseen_tokens == 0 for r in got.values())
     assert pages_idle(overlap)
 
 
@@ -122,8 +121,8 @@ def test_abort_while_token_in_flight(engines):
 
     def abort_when_in_flight(llm: LLM) -> None:
         victim = llm.scheduler.reqs.get(11)
-        if victim is not None and victim.in_flight and len(victim.output_ids) >= 2:
-            seen["in_flight"] = victim.in_flight
+        if victim is not None and victim.unseen_tokens and len(victim.output_ids) >= 2:
+            seen["in_flight"] = victim.unseen_tokens
             before = reclaimable(llm)
             llm.scheduler.sync_and_apply([AbortReq(11)])
             seen["freed"] = reclaimable(llm) > before
@@ -148,7 +147,7 @@ def test_retraction_during_overlapped_step(tiny_models, with_grammar):
     retract = overlap.scheduler._retract
 
     def watched_retract(req: Req) -> None:  # observe, then do the real thing
-        if req.in_flight:
+        if req.unseen_tokens:
             retracted_in_flight.append(req.rid)
         retract(req)
 
@@ -197,7 +196,7 @@ def test_constrained_request_finishes_while_its_next_forward_is_enqueued(engines
     raced, overlapped = [], []
 
     def watch(llm: LLM) -> None:
-        step = llm.scheduler.in_flight
+        step = llm.scheduler.unread_step
         raced.extend(r.rid for r in llm.scheduler.finished if step and r in step.batch.reqs)
         if any(r.params.constraint for r in llm.scheduler.running):
             overlapped.append(overlapped_constrained(llm))
@@ -213,7 +212,7 @@ def test_constrained_request_finishes_while_its_next_forward_is_enqueued(engines
         assert got[50].finish_reason == "stop" and got[50].output_ids[-1] in first.stop_token_ids + [
             *overlap.engine.config.eos_token_ids]
     assert all(follows(overlap, got[i], regex) for i in (51, 52, 53))
-    assert all(r.in_flight == 0 for r in got.values()) and all_returned(overlap)
+    assert all(r.unseen_tokens == 0 for r in got.values()) and all_returned(overlap)
 
 
 def test_abort_constrained_request_while_its_token_is_in_flight(engines):
@@ -224,8 +223,8 @@ def test_abort_constrained_request_while_its_token_is_in_flight(engines):
 
     def abort_when_in_flight(llm: LLM) -> None:
         victim = llm.scheduler.reqs.get(61)
-        if victim is not None and victim.in_flight and len(victim.output_ids) >= 3 and overlapped_constrained(llm):
-            seen["in_flight"] = victim.in_flight
+        if victim is not None and victim.unseen_tokens and len(victim.output_ids) >= 3 and overlapped_constrained(llm):
+            seen["in_flight"] = victim.unseen_tokens
             before = reclaimable(llm)
             llm.scheduler.sync_and_apply([AbortReq(61)])
             seen["freed"] = reclaimable(llm) > before
@@ -252,7 +251,7 @@ def test_batches_mixing_constrained_and_free_requests_overlap(engines):
     mixed = []
 
     def watch(llm: LLM) -> None:
-        step = llm.scheduler.in_flight
+        step = llm.scheduler.unread_step
         if step is not None:
             kinds = {step.batch.reqs[i].params.constraint is None for i in step.batch.sampled}
             mixed.append(kinds == {True, False})
@@ -284,11 +283,10 @@ def test_free_requests_overlap_while_a_grammar_compiles(engines):
     scheduler.sync_and_apply([AddReq(r) for r in fresh(reqs)])
     for _ in range(6):
         scheduler.tick([])
-        assert [r.rid for r in scheduler.compiling] == [92] and (scheduler.in_flight or scheduler.pending)
+        assert [r.rid for r in scheduler.compiling] == [92] and (scheduler.unread_step or scheduler.pending)
     progressed_while_compiling = {r.rid: len(r.output_ids) for r in scheduler.running}
     gate.set()
-    got = {r.rid: r for r in scheduler.finished}
-    scheduler.finished.clear()
+    got = {r.rid: r for r in scheduler.take_outputs()[1]}
     got.update(run_all(overlap, []))
     want = run_all(plain, fresh(reqs))
     assert all(n > 0 for n in progressed_while_compiling.values()) and len(progressed_while_compiling) == 2
@@ -305,7 +303,7 @@ def test_prompt_scoring_in_an_overlapped_constrained_batch(engines):
     scored_in_overlap = []
 
     def watch(llm: LLM) -> None:
-        step = llm.scheduler.in_flight
+        step = llm.scheduler.unread_step
         scored_in_overlap.append(overlapped_constrained(llm) and bool(step.batch.scored))
 
     got = run_all(overlap, fresh(reqs), watch)

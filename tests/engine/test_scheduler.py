@@ -7,7 +7,7 @@ from helpers import make_llm, random_prompts
 
 from minisgl import LLM, SamplingParams
 from minisgl.core import Req, ReqStatus
-from minisgl.scheduler import AbortReq, AddReq
+from minisgl.messages import AbortReq, AddReq
 
 VOCAB = 400
 

@@ -20,7 +20,7 @@ from minisgl.constrained import apply_bitmask, check
 from minisgl.constrained.grammar import _grammar
 from minisgl.core import Constraint, Req
 from minisgl.engine.sampler import Sampler
-from minisgl.scheduler import AbortReq, AddReq
+from minisgl.messages import AbortReq, AddReq
 
 # Strings are bounded by patterns, not maxLength: the random model emits byte sequences xgrammar takes for one
 # character (overlong UTF-8, e.g. E0 90 BE) that decode to three U+FFFD, and would pass maxLength.
@@ -138,7 +138,7 @@ def test_constrained_and_free_requests_share_batches_with_overlap(llm):
     for out in mixed[3:]:
         assert out.finish_reason == "stop" and out.token_ids[-1] in llm.engine.config.eos_token_ids
         assert jsonschema.Draft202012Validator({"pattern": f"^{EMAIL}$"}).is_valid(out.text)
-    assert llm.scheduler.overlap and llm.scheduler.in_flight is None and idle(llm)
+    assert llm.scheduler.overlap and llm.scheduler.unread_step is None and idle(llm)
 
 
 @pytest.mark.parametrize("extreme", [{"repetition_penalty": 5e-324}, {"repetition_penalty": 9.7e307},
@@ -176,7 +176,7 @@ def test_abort_while_the_grammar_compiles_leaves_nothing_behind(llm):
         scheduler.tick([])
     assert req.finish_reason == "abort" and req.rid not in scheduler.reqs
     assert not scheduler.grammars.matchers and not scheduler.grammars.compiling and idle(llm)
-    scheduler.finished.clear()
+    scheduler.take_outputs()
 
 
 def test_tensor_parallel_ranks_follow_the_same_grammar(tiny_models, llm):

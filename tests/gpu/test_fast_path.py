@@ -13,7 +13,7 @@ from helpers import ARCHS, hf_logprobs, make_llm, random_prompts
 
 from minisgl import LLM, SamplingParams
 from minisgl.core import Req
-from minisgl.scheduler import AddReq
+from minisgl.messages import AddReq
 
 VOCAB = 400
 PROMPTS = random_prompts([1, 7, 33, 130, 260], VOCAB, seed=11)

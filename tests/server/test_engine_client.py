@@ -19,12 +19,12 @@ import zmq.asyncio
 
 from minisgl.core import Req, SamplingParams
 from minisgl.distributed import free_port
-from minisgl.scheduler import AbortReq, AddReq
+from minisgl.messages import AbortReq, AddReq, Ready, ReqOutput, StatsReply, TextOutput
 from minisgl.server.api import build_app
 from minisgl.server.args import parse_args
 from minisgl.server.detokenizer_worker import run_detokenizer
 from minisgl.server.engine_client import EngineClient, RequestFailed
-from minisgl.server.ipc import IpcPaths, Ready, ReqOutput, StatsReply, TextOutput, inbox, outbox
+from minisgl.server.ipc import IpcPaths, inbox, outbox
 from minisgl.server.metrics import Metrics
 from minisgl.server.state import ServerState
 
@@ -82,7 +82,7 @@ def test_failing_all_at_shutdown_puts_the_error_before_any_unread_output():
             async for _ in client.stream(seq):
                 raise AssertionError("an unread output came before the error")
         assert (failed.value.status, failed.value.message) == (503, "the server is shutting down")
-        assert client.in_flight == 0
+        assert client.open_sequences == 0
 
     asyncio.run(scenario())
 
@@ -170,7 +170,7 @@ def test_a_failed_request_answers_500_and_the_others_finish(stand_in):
     assert sorted(o for o in outcomes if isinstance(o, str)) == ["length", "length"]
     assert failed == [{"message": "sampler fault: NaN in the logits", "type": "server_error",
                        "param": None, "code": None}]
-    assert stand_in.state.client.in_flight == 0 and stand_in.state.client.queued == 0
+    assert stand_in.state.client.open_sequences == 0 and stand_in.state.client.queued == 0
 
 
 def test_a_failed_stream_ends_with_an_error_event_then_done(stand_in):
@@ -219,6 +219,6 @@ def test_a_bug_mid_stream_ends_a_responses_stream_with_response_failed(stand_in)
     assert isinstance(abort, AbortReq) and abort.rid == req.rid
     stand_in.emit(req, [], "abort")  # ... as the scheduler confirms
     deadline = time.monotonic() + 30
-    while stand_in.state.client.in_flight and time.monotonic() < deadline:
+    while stand_in.state.client.open_sequences and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert stand_in.state.client.in_flight == 0
+    assert stand_in.state.client.open_sequences == 0

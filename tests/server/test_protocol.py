@@ -7,8 +7,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from minisgl.messages import Alternative, LogprobEntry
 from minisgl.server.errors import ApiError, field_path
-from minisgl.server.ipc import Alternative, LogprobEntry
 from minisgl.server.routes.chat import chat_prompt
 from minisgl.server.routes.models import ModelCard, ModelList
 from minisgl.server.schemas.chat import (

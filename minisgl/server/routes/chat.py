@@ -14,6 +14,7 @@ from typing import AsyncIterator
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
+from minisgl.messages import LogprobEntry
 from minisgl.server.boundary import CheckedRequest
 from minisgl.server.conversations import (
     conversation,
@@ -24,7 +25,6 @@ from minisgl.server.conversations import (
     with_thinking_hint,
 )
 from minisgl.server.errors import ApiError, error_responses
-from minisgl.server.ipc import LogprobEntry
 from minisgl.server.parsers.output import ChoiceDelta, OutputParser, ToolUse
 from minisgl.server.pipeline import Answer, Choice, Chunks, generation_responses, outputs, respond
 from minisgl.server.plan import Plan, PromptInput, vllm_plan

@@ -12,9 +12,9 @@ from typing import AsyncIterator
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
+from minisgl.messages import LogprobEntry
 from minisgl.server.boundary import CheckedRequest
 from minisgl.server.detokenizer import token_text
-from minisgl.server.ipc import LogprobEntry
 from minisgl.server.pipeline import Answer, Choice, Chunks, generation_responses, outputs, respond
 from minisgl.server.plan import Plan, vllm_plan
 from minisgl.server.schemas.completions import (

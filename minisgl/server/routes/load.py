@@ -18,4 +18,4 @@ class ServerLoad(BaseModel):
 
 @router.get("/load", response_model=ServerLoad, responses=error_responses(401))
 async def load(state: ServerState = Depends(server_state)) -> ServerLoad:
-    return ServerLoad(server_load=state.preparing + state.client.in_flight)
+    return ServerLoad(server_load=state.preparing + state.client.open_sequences)

@@ -7,7 +7,7 @@ import math
 
 from pydantic import BaseModel
 
-from minisgl.server.ipc import Alternative, LogprobEntry
+from minisgl.messages import Alternative, LogprobEntry
 
 
 def _lp(value: float) -> float:
