@@ -76,7 +76,7 @@ def test_failing_all_at_shutdown_puts_the_error_before_any_unread_output():
         client.admit(1, None)
         seq = client.submit([1, 2, 3], SamplingParams(max_tokens=100), [], 0)
         for _ in range(50):  # the backlog: outputs routed to the sequence that its client has not read
-            seq.outputs.put_nowait(TextOutput(seq.rid, "x", [7], [], None, 3, 0))
+            seq.deliver(TextOutput(seq.rid, "x", [7], [], None, 3, 0))
         client.fail_all("the server is shutting down", 503)
         with pytest.raises(RequestFailed) as failed:
             async for _ in client.stream(seq):
