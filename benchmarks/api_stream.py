@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # online.py's client
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from online import level, table, wait_ready  # noqa: E402
 

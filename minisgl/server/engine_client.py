@@ -97,8 +97,13 @@ class EngineClient:
         # and drop many clients in one process).
         ctx = zmq.asyncio.Context.instance()
         self.inbox = inbox(ctx, ipc.api)
-        self.to_scheduler = outbox(ctx, ipc.scheduler)
-        self.to_detok = outbox(ctx, ipc.detokenizer)
+        # Plain (blocking-API) sockets to send: an asyncio socket's send costs a future and callbacks, ~70 us a
+        # request on the loop. No send high-water mark, so a send never blocks the loop: what waits is bounded by
+        # admission (--max-queued-requests), as an asyncio socket's queued sends would be. A shadow context owns
+        # nothing, so it never terminates the one above.
+        plain = zmq.Context.shadow(ctx.underlying)
+        self.to_scheduler = outbox(plain, ipc.scheduler, unbounded=True)
+        self.to_detok = outbox(plain, ipc.detokenizer, unbounded=True)
         self.metrics = metrics
         self.ready = asyncio.Event()  # set once the scheduler and the detokenizer both report Ready
         self.components_ready: set[str] = set()

@@ -40,9 +40,12 @@ def inbox(ctx: zmq.Context, addr: str) -> zmq.Socket:
     return sock
 
 
-def outbox(ctx: zmq.Context, addr: str) -> zmq.Socket:
+def outbox(ctx: zmq.Context, addr: str, unbounded: bool = False) -> zmq.Socket:
+    """`unbounded`: no send high-water mark, a send never blocks (what may queue must be bounded elsewhere)."""
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.LINGER, 0)
+    if unbounded:
+        sock.setsockopt(zmq.SNDHWM, 0)  # before connect: the pipe takes the mark it is created with
     sock.connect(addr)
     return sock
 
