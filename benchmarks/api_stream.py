@@ -36,6 +36,7 @@ from minisgl.server.ipc import (  # noqa: E402
     StatsReply,
     StatsRequest,
     become_child,
+    freeze_startup_heap,
     inbox,
     outbox,
 )
@@ -51,6 +52,7 @@ def stand_in_scheduler(ipc: IpcPaths, step_s: float, vocab: int) -> None:
     import zmq
 
     become_child()
+    freeze_startup_heap()
     ctx = zmq.Context()
     pull, to_detok, to_api = inbox(ctx, ipc.scheduler), outbox(ctx, ipc.detokenizer), outbox(ctx, ipc.api)
     to_api.send_pyobj(Ready("scheduler", {"max_seq_len": 1 << 20, "num_pages": 1 << 20, "page_size": 1,

@@ -24,6 +24,7 @@ from minisgl.server.ipc import (
     ReqOutput,
     TextOutput,
     become_child,
+    freeze_startup_heap,
     inbox,
     outbox,
 )
@@ -39,7 +40,9 @@ def run_detokenizer(tokenizer_path: str | None, ipc: IpcPaths, log_level: str) -
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-    Detokenizer(tokenizer, ipc).run()
+    detokenizer = Detokenizer(tokenizer, ipc)
+    freeze_startup_heap()
+    detokenizer.run()
 
 
 class Detokenizer:

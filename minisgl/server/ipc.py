@@ -11,6 +11,7 @@ pickled dataclasses; token ids travel as lists, never tensors.
 from __future__ import annotations
 
 import ctypes
+import gc
 import signal
 import tempfile
 from dataclasses import dataclass, field
@@ -60,6 +61,15 @@ def become_child() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def freeze_startup_heap() -> None:
+    """Call once a server process is built, before it serves: what start-up made (modules, the model, the app)
+    lives as long as the process, so the cyclic collector stops scanning it. Unfrozen, each full collection of a
+    server process walked those few hundred thousand objects while serving: a pause of 100-700 ms (this 2-core
+    machine) every few seconds, on every stream at once."""
+    gc.collect()
+    gc.freeze()
 
 
 class Packed:
