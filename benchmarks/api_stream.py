@@ -126,7 +126,6 @@ def main() -> None:
     p.add_argument("--config", default=".bench_models/qwen3-0.6b.json", help="a config.json (its vocab size)")
     p.add_argument("--port", type=int, default=19191)
     p.add_argument("--profile", help="record the API process with py-spy into this file (raw, collapsed stacks)")
-    p.add_argument("--json", help="append the rows to this file as JSON lines")
     p.add_argument("--serve-api", action="store_true", help=argparse.SUPPRESS)
     a, rest = p.parse_known_args()
     vocab = json.loads(Path(a.config).read_text())["vocab_size"]
@@ -156,9 +155,6 @@ def main() -> None:
                        api_us_per_token=round(1e6 * (cpu_seconds(api.pid) - before) / max(tokens, 1), 1))
             print(json.dumps(row), flush=True)
             rows.append(row)
-            if a.json:
-                with open(a.json, "a") as f:
-                    f.write(json.dumps(row) + "\n")
         print(table(rows))
         print("| streams | target tok/s | delivered tok/s | API CPU us/token |\n|---|---|---|---|")
         for r in rows:
