@@ -297,28 +297,59 @@ def test_a_bug_mid_stream_ends_a_responses_stream_with_response_failed(stand_in)
     assert stand_in.state.client.in_flight == 0
 
 
-def test_a_stream_behind_the_engine_gets_every_token_once_in_order_with_its_logprobs(stand_in):
-    """Forty steps reach the api before its client reads a byte: however they are grouped into chunks, the
-    client gets each token once, in order, with exactly one logprob entry each and offsets into its text."""
-    body = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 40, "stream": True, "logprobs": 1,
-            "return_token_ids": True}
-    ids = stand_in.tokenizer("the quick brown fox jumps over the lazy dog " * 8, add_special_tokens=False)["input_ids"]
-    ids = ids[:40]  # plain words: each token's text is a piece of the answer's text
-    with httpx.stream("POST", f"{stand_in.url}/v1/completions", json=body, timeout=30) as resp:
+def sentence_ids(stand_in, n: int) -> list[int]:
+    """`n` ids of plain words: each token's text is a piece of the answer's text."""
+    return stand_in.tokenizer("the quick brown fox jumps over the lazy dog " * 8, add_special_tokens=False)[
+        "input_ids"][:n]
+
+
+def stream_behind(stand_in, path: str, body: dict, ids: list[int]) -> list[dict]:
+    """Every step of `ids` (one token each, logprob -i/10, the last one finishing) reaches the api before its client
+    reads a byte; the chunks the client then gets."""
+    with httpx.stream("POST", f"{stand_in.url}{path}", json=body, timeout=30) as resp:
         req = stand_in.next_request()
         for i, token in enumerate(ids):
             out = ReqOutput(req.rid, [token], [TokenLogprob(token, -i / 10, [(token, -i / 10)])],
                             "length" if i == len(ids) - 1 else None, len(req.prompt_ids), 0)
             stand_in.to_detok.send_pyobj([out])
-        chunks = [json.loads(line[len("data: "):]) for line in resp.iter_lines()
-                  if line.startswith("data: ") and line != "data: [DONE]"]
-    choices = [c["choices"][0] for c in chunks]
+        return [json.loads(line[len("data: "):]) for line in resp.iter_lines()
+                if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def test_a_stream_behind_the_engine_gets_every_token_once_in_order_with_its_logprobs(stand_in):
+    """However the steps are grouped into chunks, the client gets each token once, in order, with exactly one
+    logprob entry each and offsets into its text."""
+    body = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 40, "stream": True, "logprobs": 1,
+            "return_token_ids": True}
+    ids = sentence_ids(stand_in, 40)
+    choices = [c["choices"][0] for c in stream_behind(stand_in, "/v1/completions", body, ids)]
     assert [t for c in choices for t in c["token_ids"] or []] == ids
     logprobs = [c["logprobs"] for c in choices if c["logprobs"]]
     assert [lp for c in logprobs for lp in c["token_logprobs"]] == pytest.approx([-i / 10 for i in range(40)])
-    assert sum(len(c["token_ids"] or []) for c in choices) == sum(len(c["tokens"]) for c in logprobs)
     text = "".join(c["text"] for c in choices)
     offsets = [o for c in logprobs for o in c["text_offset"]]
     tokens = [t for c in logprobs for t in c["tokens"]]
     assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(40)] and text == "".join(tokens)
+    assert choices[-1]["finish_reason"] == "length"
+
+
+def test_a_chat_stream_behind_the_engine_gets_every_token_once_with_its_logprob_and_usage(stand_in):
+    """The chat stream, lagging the same way: content and logprobs of every token once, in order; each chunk's
+    continuous usage counts the tokens sent so far, the usage chunk all of them."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 30, "stream": True,
+            "logprobs": True, "return_token_ids": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    ids = sentence_ids(stand_in, 30)
+    chunks = stream_behind(stand_in, "/v1/chat/completions", body, ids)
+    *chunks, usage = chunks
+    choices = [c["choices"][0] for c in chunks]
+    assert [t for c in choices for t in c.get("token_ids") or []] == ids
+    entries = [e for c in choices if c["logprobs"] for e in c["logprobs"]["content"]]
+    assert [e["logprob"] for e in entries] == pytest.approx([-i / 10 for i in range(30)])
+    assert "".join(c["delta"].get("content") or "" for c in choices) == "".join(e["token"] for e in entries)
+    sent = 0
+    for c, choice in zip(chunks, choices):
+        sent += len(choice.get("token_ids") or [])
+        assert c["usage"]["completion_tokens"] == sent
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 30
     assert choices[-1]["finish_reason"] == "length"
