@@ -166,7 +166,8 @@ class EngineClient:
                 wake.clear()
                 for seq in [s for s in running if s.pending]:
                     outs = seq.take()
-                    failed = next((i for i, o in enumerate(outs) if isinstance(o, RequestFailed) or o.error), None)
+                    failed = next((i for i, o in enumerate(outs)
+                                   if isinstance(o, RequestFailed) or o.error is not None), None)
                     read = outs if failed is None else outs[:failed]
                     if failed is not None or read[-1].finish_reason is not None:
                         running.remove(seq)
