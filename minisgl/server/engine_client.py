@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import pickle
 import time
+from contextlib import aclosing
 from typing import AsyncIterator
 
 import zmq
@@ -42,13 +44,22 @@ class Sequence:
 
     def __init__(self, rid: int, prompt_tokens: int, user: str | None = None):
         self.rid, self.prompt_tokens, self.user = rid, prompt_tokens, user
-        self.outputs: asyncio.Queue[TextOutput | RequestFailed] = asyncio.Queue()
+        self.pending: list[TextOutput | RequestFailed] = []  # routed here, not read by its consumer yet
+        self.wake = asyncio.Event()  # set when `pending` grows; shared by the sequences one consumer reads
         self.start = self.last = time.monotonic()
         self.ttft: float | None = None
         self.queued: float | None = None  # arrival to first scheduled (seconds), once the scheduler says
         self.itls: list[float] = []
         self.completion_tokens = self.cached_tokens = 0
         self.finish_reason: str | None = None
+
+    def deliver(self, out: TextOutput | RequestFailed) -> None:
+        self.pending.append(out)
+        self.wake.set()
+
+    def take(self) -> list[TextOutput | RequestFailed]:
+        taken, self.pending = self.pending, []
+        return taken
 
     def record(self, out: TextOutput, now: float) -> None:
         if out.scheduled_at is not None:
@@ -64,6 +75,21 @@ class Sequence:
         self.finish_reason = out.finish_reason
 
 
+def merged(outs: list[TextOutput]) -> TextOutput:
+    """One sequence's consecutive outputs as one: everything they produced, in order; the last one's state
+    (finish, cached tokens, latest hidden state); the first one's once-only fields (prompt logprobs, when it
+    was scheduled)."""
+    if len(outs) == 1:
+        return outs[0]
+    last = outs[-1]
+    return TextOutput(last.rid, "".join(o.text for o in outs), [i for o in outs for i in o.new_ids],
+                      [e for o in outs for e in o.logprobs], last.finish_reason, last.prompt_tokens, last.cached_tokens,
+                      last.error, last.matched_stop,
+                      next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None),
+                      next((o.scheduled_at for o in outs if o.scheduled_at is not None), None),
+                      next((o.hidden_state for o in reversed(outs) if o.hidden_state is not None), None))
+
+
 class EngineClient:
     def __init__(self, ipc: IpcPaths, metrics: Metrics):
         # The process's one asyncio context, never garbage: a context collected in the same cycle as its sockets
@@ -71,8 +97,13 @@ class EngineClient:
         # and drop many clients in one process).
         ctx = zmq.asyncio.Context.instance()
         self.inbox = inbox(ctx, ipc.api)
-        self.to_scheduler = outbox(ctx, ipc.scheduler)
-        self.to_detok = outbox(ctx, ipc.detokenizer)
+        # Plain (blocking-API) sockets to send: an asyncio socket's send costs a future and callbacks, ~70 us a
+        # request on the loop. No send high-water mark, so a send never blocks the loop: what waits is bounded by
+        # admission (--max-queued-requests), as an asyncio socket's queued sends would be. A shadow context owns
+        # nothing, so it never terminates the one above.
+        plain = zmq.Context.shadow(ctx.underlying)
+        self.to_scheduler = outbox(plain, ipc.scheduler, unbounded=True)
+        self.to_detok = outbox(plain, ipc.detokenizer, unbounded=True)
         self.metrics = metrics
         self.ready = asyncio.Event()  # set once the scheduler and the detokenizer both report Ready
         self.components_ready: set[str] = set()
@@ -114,22 +145,42 @@ class EngineClient:
         return seq
 
     async def stream(self, seq: Sequence) -> AsyncIterator[TextOutput]:
-        """Yield the sequence's outputs until it finishes; raises RequestFailed if the engine failed it.
-        Leaving early (cancelled, or iteration stopped) aborts it in the scheduler."""
-        finished = False
-        try:
-            while not finished:
-                out = await seq.outputs.get()
-                if isinstance(out, RequestFailed):
-                    finished = True
-                    raise out
-                finished = out.finish_reason is not None
-                if out.error is not None:
-                    raise RequestFailed(out.error)
+        """One sequence's outputs, as `streams` gives them."""
+        async with aclosing(self.streams([seq])) as outputs:
+            async for _, out in outputs:
                 yield out
+
+    async def streams(self, seqs: list[Sequence]) -> AsyncIterator[tuple[Sequence, TextOutput]]:
+        """Yield the sequences' outputs until they all finish; raises RequestFailed for the first one the engine
+        failed. The consumer wakes once per message from the engine, however many of its sequences it carries,
+        and takes each sequence's outputs since its last read merged into one: a consumer that falls behind
+        (a slow client, a busy event loop) catches up in one read, not one per engine step. Leaving early
+        (cancelled, failed, or iteration stopped) aborts the unfinished sequences in the scheduler."""
+        wake, running = asyncio.Event(), list(seqs)
+        for seq in seqs:
+            seq.wake = wake
+            if seq.pending:
+                wake.set()
+        try:
+            while running:
+                await wake.wait()
+                wake.clear()
+                for seq in [s for s in running if s.pending]:
+                    outs = seq.take()
+                    failed = next((i for i, o in enumerate(outs)
+                                   if isinstance(o, RequestFailed) or o.error is not None), None)
+                    read = outs if failed is None else outs[:failed]
+                    if failed is not None or read[-1].finish_reason is not None:
+                        running.remove(seq)
+                    if read:
+                        yield seq, merged(read)
+                    if failed is not None:
+                        error = outs[failed]
+                        raise error if isinstance(error, RequestFailed) else RequestFailed(error.error)
         finally:
-            if not finished and seq.rid in self.sequences:  # the consumer left: free its pages now
-                self.to_scheduler.send_pyobj(AbortReq(seq.rid))
+            for seq in running:
+                if seq.rid in self.sequences:  # the consumer left: free its pages now
+                    self.to_scheduler.send_pyobj(AbortReq(seq.rid))
 
     def fail_all(self, message: str, status: int) -> None:
         """End every sequence now with an error to its client (shutdown past its timeout). Outputs its client
@@ -139,9 +190,8 @@ class EngineClient:
             self.to_scheduler.send_pyobj(AbortReq(seq.rid))
             seq.finish_reason = "abort"
             self._close(seq)
-            while not seq.outputs.empty():
-                seq.outputs.get_nowait()
-            seq.outputs.put_nowait(RequestFailed(message, status))
+            seq.take()
+            seq.deliver(RequestFailed(message, status))
 
     # ---- routing ---------------------------------------------------------------------------------
 
@@ -149,11 +199,21 @@ class EngineClient:
         """Route every message from the scheduler and detokenizer (runs for the server's lifetime; one
         message that cannot be handled is logged and skipped, never the end of routing)."""
         while True:
-            message = await self.inbox.recv_pyobj()
+            for message in [await self.inbox.recv_pyobj(), *self._waiting()]:
+                try:
+                    self._route(message)
+                except Exception:
+                    logger.exception("could not route a message from the engine: %r", message)
+
+    def _waiting(self) -> list:
+        """The messages already in the inbox. Routed together with the one awaited, their outputs reach each
+        consumer in one wake-up: a loop that fell behind the engine catches up in one round, not one per step."""
+        found = []
+        while True:
             try:
-                self._route(message)
-            except Exception:
-                logger.exception("could not route a message from the engine: %r", message)
+                found.append(pickle.loads(self.inbox.recv(zmq.NOBLOCK).result()))
+            except zmq.Again:
+                return found
 
     def _route(self, message) -> None:
         if isinstance(message, Ready):
@@ -178,7 +238,7 @@ class EngineClient:
                     self.queued -= 1
                 if out.finish_reason is not None:
                     self._close(seq)
-                seq.outputs.put_nowait(out)
+                seq.deliver(out)
 
     def _close(self, seq: Sequence) -> None:
         """The sequence is over: settle its books, metrics and log line."""

@@ -29,7 +29,7 @@ from minisgl.models.config import ModelConfig
 from minisgl.server.api import build_app
 from minisgl.server.args import ServerArgs
 from minisgl.server.detokenizer_worker import run_detokenizer
-from minisgl.server.ipc import IpcPaths
+from minisgl.server.ipc import IpcPaths, freeze_startup_heap
 from minisgl.server.scheduler_loop import run_scheduler
 from minisgl.server.state import ServerState
 from minisgl.tokenizer import load_tokenizer
@@ -164,6 +164,7 @@ def _serve(args: ServerArgs, life: Lifetime) -> int:
     state.children = {child.name: child.pid for child in life.children}
     config = uvicorn.Config(build_app(state), host=args.host, port=args.port, uds=args.uds, log_level="warning",
                             timeout_graceful_shutdown=5)
+    freeze_startup_heap()
     DrainingServer(config, state, args.shutdown_timeout).run()
     life.end()
     logger.info("server stopped")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from contextlib import aclosing
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import Request
@@ -119,34 +120,15 @@ async def start(state: ServerState, plan: Plan) -> tuple[CheckedRequest, list[Ch
 
 
 async def outputs(state: ServerState, choices: list[Choice]) -> AsyncIterator[tuple[Choice, TextOutput]]:
-    """Every choice's outputs as they come, each already added to its choice. Leaving early, or a failed
-    sequence (raised here as RequestFailed), aborts the ones still running."""
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(choice: Choice) -> None:
-        try:
-            async for out in state.client.stream(choice.seq):
-                await queue.put((choice, out))
-            await queue.put((choice, None))
-        except Exception as exc:  # RequestFailed, or a bug: either way the request must not wait forever
-            await queue.put((choice, exc))
-
-    tasks = [asyncio.create_task(pump(c)) for c in choices]
-    try:
-        remaining = len(choices)
-        while remaining:
-            choice, out = await queue.get()
-            if isinstance(out, Exception):
-                raise out
-            if out is None:
-                remaining -= 1
-            else:
-                choice.add(out)
-                yield choice, out
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    """Every choice's outputs as they come (EngineClient.streams: what a choice received since the last read comes
+    as one output), each already added to its choice. Leaving early, or a failed sequence (raised here as
+    RequestFailed), aborts the ones still running."""
+    by_rid = {c.seq.rid: c for c in choices}
+    async with aclosing(state.client.streams([c.seq for c in choices])) as streamed:
+        async for seq, out in streamed:
+            choice = by_rid[seq.rid]
+            choice.add(out)
+            yield choice, out
 
 
 async def collect(request: Request, state: ServerState, choices: list[Choice]) -> bool:

@@ -12,7 +12,7 @@ from minisgl.engine.config import EngineArgs
 from minisgl.messages import Ready, ReqOutput, StatsReply, StatsRequest
 from minisgl.scheduler import Scheduler
 from minisgl.scheduler.rank import build_scheduler, follow
-from minisgl.server.ipc import IpcPaths, become_child, inbox, outbox
+from minisgl.server.ipc import IpcPaths, become_child, freeze_startup_heap, inbox, outbox
 
 logger = logging.getLogger("minisgl.scheduler")
 
@@ -30,6 +30,7 @@ def run_scheduler(rank: int, size: int, port: int, args: EngineArgs, ipc: IpcPat
     logger.info("engine built in %.1f s: weights and KV pool %.1f s, CUDA graphs %s", time.perf_counter() - start,
                 engine.load_seconds, f"{graphs.capture_seconds:.1f} s ({graphs.memory_bytes / 2**20:.0f} MiB)"
                 if graphs else "off")
+    freeze_startup_heap()
     if rank == 0:
         SchedulerServer(scheduler, ipc).run()
         engine.close()

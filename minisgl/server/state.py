@@ -67,6 +67,8 @@ class ServerState:
             raise ApiError(503, f"too many queued requests ({self.client.queued}); try again later", retry_after=1)
 
 
-def server_state(request: Request) -> ServerState:
-    """FastAPI dependency: the ServerState this app was built with."""
+async def server_state(request: Request) -> ServerState:
+    """FastAPI dependency: the ServerState this app was built with. Async so that FastAPI calls it on the loop:
+    a plain function would be run on a worker thread, a GIL hand-off of up to 5 ms per request while the loop
+    streams (a burst of requests then waits for them one after another)."""
     return request.app.state.server

@@ -9,6 +9,7 @@ import json
 import multiprocessing
 import threading
 import time
+from contextlib import aclosing
 
 import httpx
 import openai
@@ -17,9 +18,9 @@ import uvicorn
 import zmq
 import zmq.asyncio
 
-from minisgl.core import Req, SamplingParams
+from minisgl.core import Req, SamplingParams, TokenLogprob
 from minisgl.distributed import free_port
-from minisgl.messages import AbortReq, AddReq, Ready, ReqOutput, StatsReply, TextOutput
+from minisgl.messages import AbortReq, AddReq, LogprobEntry, Ready, ReqOutput, StatsReply, TextOutput
 from minisgl.server.api import build_app
 from minisgl.server.args import parse_args
 from minisgl.server.detokenizer_worker import run_detokenizer
@@ -76,13 +77,85 @@ def test_failing_all_at_shutdown_puts_the_error_before_any_unread_output():
         client.admit(1, None)
         seq = client.submit([1, 2, 3], SamplingParams(max_tokens=100), [], 0)
         for _ in range(50):  # the backlog: outputs routed to the sequence that its client has not read
-            seq.outputs.put_nowait(TextOutput(seq.rid, "x", [7], [], None, 3, 0))
+            seq.deliver(TextOutput(seq.rid, "x", [7], [], None, 3, 0))
         client.fail_all("the server is shutting down", 503)
         with pytest.raises(RequestFailed) as failed:
             async for _ in client.stream(seq):
                 raise AssertionError("an unread output came before the error")
         assert (failed.value.status, failed.value.message) == (503, "the server is shutting down")
         assert client.open_sequences == 0
+
+    asyncio.run(scenario())
+
+
+def test_outputs_a_consumer_has_not_read_come_as_one_in_order():
+    """A consumer that falls behind reads everything its sequence received since its last read as one output:
+    every token once, in order, with its logprob; the first output's prompt logprobs and scheduling time, the
+    last one's finish and hidden state."""
+    async def scenario() -> None:
+        client = EngineClient(IpcPaths.new(), Metrics("m"))
+        client.admit(1, None)
+        seq = client.submit([1, 2, 3], SamplingParams(max_tokens=3), [], 0)
+        scored = [LogprobEntry("p", 2, -0.1, [])]
+        steps = [TextOutput(seq.rid, "a", [10], [LogprobEntry("a", 10, -1.0, [])], None, 3, 0,
+                            prompt_logprobs=scored, scheduled_at=5.0, hidden_state=[0.1]),
+                 TextOutput(seq.rid, "b", [11], [LogprobEntry("b", 11, -2.0, [])], None, 3, 1, hidden_state=[0.2]),
+                 TextOutput(seq.rid, "c", [12], [LogprobEntry("c", 12, -3.0, [])], "stop", 3, 1, matched_stop=12)]
+        for out in steps:  # three engine steps route before the consumer gets to run
+            client._route([out])
+        read = [out async for out in client.stream(seq)]
+        assert len(read) == 1
+        out = read[0]
+        assert (out.text, out.new_ids, [e.logprob for e in out.logprobs]) == ("abc", [10, 11, 12], [-1.0, -2.0, -3.0])
+        assert (out.finish_reason, out.matched_stop, out.cached_tokens, out.hidden_state) == ("stop", 12, 1, [0.2])
+        assert (out.prompt_logprobs, out.scheduled_at) == (scored, 5.0)
+        assert client.open_sequences == 0 and seq.completion_tokens == 3
+
+    asyncio.run(scenario())
+
+
+def test_tokens_before_a_failure_are_read_then_the_error():
+    """Outputs merged for a lagging consumer stop at a failed one: the tokens before it are still given, then
+    the failure is raised."""
+    async def scenario() -> None:
+        client = EngineClient(IpcPaths.new(), Metrics("m"))
+        client.admit(1, None)
+        seq = client.submit([1, 2, 3], SamplingParams(max_tokens=9), [], 0)
+        client._route([TextOutput(seq.rid, "a", [10], [], None, 3, 0)])
+        client._route([TextOutput(seq.rid, "b", [11], [], None, 3, 0)])
+        client._route([TextOutput(seq.rid, "", [], [], "abort", 3, 0, "engine fault")])
+        read = []
+        with pytest.raises(RequestFailed, match="engine fault"):
+            async for out in client.stream(seq):
+                read.append(out.new_ids)
+        assert read == [[10, 11]]
+
+    asyncio.run(scenario())
+
+
+def test_one_consumer_reads_all_its_sequences():
+    """n > 1: the sequences of one request are read by one consumer, each sequence's outputs in order and merged;
+    leaving before they finish aborts the unfinished ones in the scheduler."""
+    async def scenario() -> None:
+        ipc = IpcPaths.new()
+        client = EngineClient(ipc, Metrics("m"))
+        scheduler = zmq.asyncio.Context.instance().socket(zmq.PULL)
+        scheduler.bind(ipc.scheduler)
+        client.admit(2, None)
+        first, second = (client.submit([1, 2], SamplingParams(max_tokens=9), [], 0) for _ in range(2))
+        for (a, b), finish in (((1, 5), None), ((2, 6), "length")):  # two steps; the first sequence ends
+            client._route([TextOutput(first.rid, "", [a], [], finish, 2, 0),
+                           TextOutput(second.rid, "", [b], [], None, 2, 0)])
+        read = []
+        async with aclosing(client.streams([first, second])) as streamed:
+            async for seq, out in streamed:
+                read.append((seq.rid, out.new_ids, out.finish_reason))
+                if len(read) == 2:
+                    break
+        assert read == [(first.rid, [1, 2], "length"), (second.rid, [5, 6], None)]
+        messages = [await asyncio.wait_for(scheduler.recv_pyobj(), 5) for _ in range(3)]
+        assert [type(m).__name__ for m in messages] == ["AddReq", "AddReq", "AbortReq"]
+        assert messages[2].rid == second.rid  # only the unfinished one
 
     asyncio.run(scenario())
 
@@ -222,3 +295,61 @@ def test_a_bug_mid_stream_ends_a_responses_stream_with_response_failed(stand_in)
     while stand_in.state.client.open_sequences and time.monotonic() < deadline:
         time.sleep(0.05)
     assert stand_in.state.client.open_sequences == 0
+
+
+def sentence_ids(stand_in, n: int) -> list[int]:
+    """`n` ids of plain words: each token's text is a piece of the answer's text."""
+    return stand_in.tokenizer("the quick brown fox jumps over the lazy dog " * 8, add_special_tokens=False)[
+        "input_ids"][:n]
+
+
+def stream_behind(stand_in, path: str, body: dict, ids: list[int]) -> list[dict]:
+    """Every step of `ids` (one token each, logprob -i/10, the last one finishing) reaches the api before its client
+    reads a byte; the chunks the client then gets."""
+    with httpx.stream("POST", f"{stand_in.url}{path}", json=body, timeout=30) as resp:
+        req = stand_in.next_request()
+        for i, token in enumerate(ids):
+            out = ReqOutput(req.rid, [token], [TokenLogprob(token, -i / 10, [(token, -i / 10)])],
+                            "length" if i == len(ids) - 1 else None, len(req.prompt_ids), 0)
+            stand_in.to_detok.send_pyobj([out])
+        return [json.loads(line[len("data: "):]) for line in resp.iter_lines()
+                if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def test_a_stream_behind_the_engine_gets_every_token_once_in_order_with_its_logprobs(stand_in):
+    """However the steps are grouped into chunks, the client gets each token once, in order, with exactly one
+    logprob entry each and offsets into its text."""
+    body = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 40, "stream": True, "logprobs": 1,
+            "return_token_ids": True}
+    ids = sentence_ids(stand_in, 40)
+    choices = [c["choices"][0] for c in stream_behind(stand_in, "/v1/completions", body, ids)]
+    assert [t for c in choices for t in c["token_ids"] or []] == ids
+    logprobs = [c["logprobs"] for c in choices if c["logprobs"]]
+    assert [lp for c in logprobs for lp in c["token_logprobs"]] == pytest.approx([-i / 10 for i in range(40)])
+    text = "".join(c["text"] for c in choices)
+    offsets = [o for c in logprobs for o in c["text_offset"]]
+    tokens = [t for c in logprobs for t in c["tokens"]]
+    assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(40)] and text == "".join(tokens)
+    assert choices[-1]["finish_reason"] == "length"
+
+
+def test_a_chat_stream_behind_the_engine_gets_every_token_once_with_its_logprob_and_usage(stand_in):
+    """The chat stream, lagging the same way: content and logprobs of every token once, in order; each chunk's
+    continuous usage counts the tokens sent so far, the usage chunk all of them."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 30, "stream": True,
+            "logprobs": True, "return_token_ids": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    ids = sentence_ids(stand_in, 30)
+    chunks = stream_behind(stand_in, "/v1/chat/completions", body, ids)
+    *chunks, usage = chunks
+    choices = [c["choices"][0] for c in chunks]
+    assert [t for c in choices for t in c.get("token_ids") or []] == ids
+    entries = [e for c in choices if c["logprobs"] for e in c["logprobs"]["content"]]
+    assert [e["logprob"] for e in entries] == pytest.approx([-i / 10 for i in range(30)])
+    assert "".join(c["delta"].get("content") or "" for c in choices) == "".join(e["token"] for e in entries)
+    sent = 0
+    for c, choice in zip(chunks, choices):
+        sent += len(choice.get("token_ids") or [])
+        assert c["usage"]["completion_tokens"] == sent
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 30
+    assert choices[-1]["finish_reason"] == "length"

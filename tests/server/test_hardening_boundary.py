@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 from helpers import make_llm
@@ -13,6 +14,7 @@ from pydantic import ValidationError
 from transformers import AutoTokenizer
 
 from minisgl import SamplingParams
+from minisgl.core import check_token_ids
 from minisgl.server.boundary import CheckedRequest, ModelLimits, prepare
 from minisgl.server.errors import ApiError, field_path
 from minisgl.server.routes.chat import chat_plan
@@ -184,6 +186,15 @@ def test_token_ids_anywhere_are_checked_against_the_vocabulary(codec, ids, field
         accepted_or_refused_naming(codec, body, field)
         with pytest.raises((ValidationError, ApiError)):
             run(codec, body)
+
+
+@pytest.mark.parametrize("bad", [None, True, 2.0, "7", -1, 512])
+def test_an_id_list_holding_anything_but_a_vocabulary_id_is_refused_naming_it(bad):
+    """The check's fast path (all plain ints in range) must not let anything else through: None included,
+    which the one-by-one scan once took for "nothing bad found"."""
+    with pytest.raises(ValueError, match=re.escape(f"got {bad!r}: out of vocabulary")):
+        check_token_ids([1, bad, 2], 512, "prompt")
+    check_token_ids([0, 1, 511], 512, "prompt")
 
 
 # ---------------------------------------------------------------- the offline API shares the checks
