@@ -15,8 +15,14 @@ from minisgl.server.schemas.logprobs import ChatLogprobs, PromptLogprobs
 from minisgl.server.schemas.sampling import HiddenStatesOption, SamplingFields, VllmExtras
 from minisgl.server.schemas.types import (
     Envelope,
+    FirstPromptIds,
+    HiddenStates,
     LogprobCount,
+    MatchedStop,
+    NewIds,
     NonEmptyText,
+    OutputIds,
+    PromptIds,
     StrictRequest,
     Text,
     TokenId,
@@ -238,11 +244,9 @@ class ChatChoice(BaseModel):
     message: ChatResponseMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
-    token_ids: list[int] | None = Field(None, description="the output's ids (return_token_ids; else null, as vLLM "
-                                                         "has it)")
-    matched_stop: str | int | None = Field(None, description="SGLang's: the stop string or stop/EOS token id that "
-                                                             "ended a 'stop' choice")
-    hidden_states: list[float] | None = Field(None, exclude_if=omitted, description="SGLang's return_hidden_states")
+    token_ids: OutputIds = None
+    matched_stop: MatchedStop = None
+    hidden_states: HiddenStates = None
 
 
 class ChatCompletionResponse(Envelope):
@@ -256,7 +260,7 @@ class ChatCompletionResponse(Envelope):
     metadata: None = None
     moderation: None = None
     prompt_logprobs: PromptLogprobs | None = Field(None, description="vLLM's prompt_logprobs (when asked for)")
-    prompt_token_ids: list[int] | None = Field(None, description="the prompt's ids (return_token_ids; else null)")
+    prompt_token_ids: PromptIds = None
 
 
 class DeltaToolCall(ResponseToolCall):
@@ -274,8 +278,7 @@ class DeltaMessage(BaseModel):
     reasoning_content: str | None = Field(None, description="null when none, as SGLang's deltas have it")
     reasoning: str | None = Field(None, exclude_if=omitted, description="vLLM's name for reasoning_content")
     tool_calls: list[DeltaToolCall] | None = Field(None, exclude_if=omitted)
-    hidden_states: list[float] | None = Field(None, exclude_if=omitted, description="SGLang's: in a chunk of its own "
-                                              "after the choice's last")
+    hidden_states: HiddenStates = None
 
 
 class ChatChunkChoice(BaseModel):
@@ -283,7 +286,7 @@ class ChatChunkChoice(BaseModel):
     delta: DeltaMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
-    token_ids: list[int] | None = Field(None, exclude_if=omitted, description="the new ids (return_token_ids)")
+    token_ids: NewIds = None
 
 
 class ChatCompletionChunk(Envelope):
@@ -292,4 +295,4 @@ class ChatCompletionChunk(Envelope):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     prompt_logprobs: PromptLogprobs | None = Field(None, exclude_if=omitted, description="with a choice's first tokens")
-    prompt_token_ids: list[int] | None = Field(None, exclude_if=omitted, description="with the first chunk")
+    prompt_token_ids: FirstPromptIds = None

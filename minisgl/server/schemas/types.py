@@ -84,6 +84,19 @@ def omitted(value: Any) -> bool:
     return value is None
 
 
+# Fields the choices of chat's and text completions' answers share (SGLang's and vLLM's extensions), declared once.
+MatchedStop = Annotated[str | int | None, Field(description="SGLang's: the stop string or stop/EOS token id that "
+                                                            "ended a 'stop' choice")]
+HiddenStates = Annotated[list[float] | None, Field(exclude_if=omitted, description="SGLang's return_hidden_states "
+                                                   "(streamed: in a chunk of its own after the choice's last)")]
+OutputIds = Annotated[list[int] | None, Field(description="the output's token ids (return_token_ids; else null, as "
+                                                          "vLLM has it)")]
+NewIds = Annotated[list[int] | None, Field(exclude_if=omitted, description="a chunk's new ids (return_token_ids)")]
+PromptIds = Annotated[list[int] | None, Field(description="the prompt's ids (return_token_ids; else null)")]
+FirstPromptIds = Annotated[list[int] | None, Field(exclude_if=omitted, description="the prompt's ids, with the "
+                                                                                   "first chunk (return_token_ids)")]
+
+
 def unix_now() -> int:
     return int(time.time())
 
