@@ -223,6 +223,10 @@ def test_openapi_declares_what_the_server_answers(server):
         assert set(responses["200"]["content"]) == {"application/json", "text/event-stream"}
         assert schema["paths"][path]["post"]["security"] == [{"bearer": []}]
     assert "security" not in schema["paths"]["/health"]["get"]
+    for path, operations in schema["paths"].items():  # a fault in any handler, a body too large for any POST
+        for method, operation in operations.items():
+            for status in ("500", "413") if method == "post" else ("500",):
+                assert operation["responses"][status]["content"]["application/json"]["schema"] == error_ref, path
     assert schema["paths"]["/tokenize"]["post"]["responses"]["200"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/TokenizeResponse"}
     completion = schema["components"]["schemas"]["CompletionRequest"]["properties"]
