@@ -239,33 +239,44 @@ STREAMED = [("/v1/chat/completions", {"messages": CHAT, "n": 2, "logprobs": True
                                       "prompt_logprobs": 1, "return_token_ids": True}),
             ("/v1/completions", {"prompt": [[5, 6], [7]], "echo": True, "logprobs": 2, "prompt_logprobs": 1,
                                  "return_token_ids": True}),
-            ("/generate", {"text": ["hi", "yo"], "sampling_params": {"n": 2}})]
+            ("/generate", {"text": ["hi", "yo"], "sampling_params": {"n": 2, "max_new_tokens": 3}}),
+            ("/v1/responses", {"input": "hi", "max_output_tokens": 3, "include": ["message.output_text.logprobs"],
+                               "top_logprobs": 2})]
+LENGTH = {"/v1/chat/completions": "max_tokens", "/v1/completions": "max_tokens"}
+USAGE = {"stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+
+
+def server_sent_events(text: str) -> list[dict[str, str]]:
+    """A stream's events as their fields (`event`, `data`)."""
+    return [dict(line.split(": ", 1) for line in block.splitlines()) for block in text.split("\n\n") if block.strip()]
 
 
 @pytest.mark.parametrize("path, body", STREAMED)
 def test_streamed_events_and_whole_answers_match_openapi(server, path, body):
-    """What schemathesis cannot check: each `data:` of a stream is the chunk (or error) openapi.json declares
-    for it, and the whole answer to the same body its 200 schema (SSE's contentSchema is an annotation that
-    a JSON Schema validator does not apply, so the payload is checked here)."""
+    """What schemathesis cannot check: each event of a stream is the one openapi.json declares for it (its
+    data the chunk, error or Responses event), and the whole answer to the same body its 200 schema (SSE's
+    contentSchema is an annotation that a JSON Schema validator does not apply, so the payload is checked here)."""
     spec = httpx.get(f"{server.url}/openapi.json", headers=AUTH).json()
     declared = spec["paths"][path]["post"]["responses"]["200"]["content"]
 
     def valid(schema: dict, value) -> None:
         jsonschema.Draft202012Validator({**schema, "components": spec["components"]}).validate(value)
 
-    sized = body | ({"max_tokens": 3} if path != "/generate" else {"sampling_params": {"n": 2, "max_new_tokens": 3}})
-    whole = post(server, path, sized)
+    body = body | ({LENGTH[path]: 3} if path in LENGTH else {})
+    whole = post(server, path, body)
     assert whole.status_code == 200, whole.text
     valid(declared["application/json"]["schema"], whole.json())
-    options = {"stream_options": {"include_usage": True, "continuous_usage_stats": True}} if path != "/generate" else {}
-    streamed = post(server, path, sized | {"stream": True} | options)
-    event = declared["text/event-stream"]["schema"]
-    data = [line[len("data: "):] for line in streamed.text.splitlines() if line.startswith("data: ")]
-    assert streamed.status_code == 200 and len(data) > 2, streamed.text
-    for payload in data:
-        valid(event, {"data": payload})
-        if payload != "[DONE]":
-            valid(event["properties"]["data"]["anyOf"][1]["contentSchema"], json.loads(payload))
+    streamed = post(server, path, body | {"stream": True} | (USAGE if path in LENGTH else {}))
+    events = server_sent_events(streamed.text)
+    assert streamed.status_code == 200 and len(events) > 2, streamed.text
+    schema = declared["text/event-stream"]["schema"]
+    data = schema["properties"]["data"]
+    payload = next(branch["contentSchema"] for branch in data.get("anyOf", [data]) if "contentSchema" in branch)
+    for event in events:
+        valid(schema, event)
+        if event["data"] != "[DONE]":
+            valid(payload, json.loads(event["data"]))
+            assert json.loads(event["data"]).get("type") == event.get("event")  # named framing: both say it
 
 
 # Every warning schemathesis shows by default but these: the ids of stored responses (GET, DELETE, cancel,

@@ -22,8 +22,15 @@ from minisgl.server.state import ServerState, server_state
 router = APIRouter()
 
 
+# A streamed turn's events: `event:` is the data's `type`; the lifecycle events (response.created, .in_progress,
+# .completed, .incomplete, .failed) carry the response object as it stands.
+EVENT = {"type": "object", "required": ["type", "sequence_number"], "properties": {
+    "type": {"type": "string"}, "sequence_number": {"type": "integer", "minimum": 0},
+    "response": {"$ref": "#/components/schemas/ResponseObject"}}}
 RESPONSES = {200: {"model": ResponseObject, "content": {"text/event-stream": {"schema": {
-    "type": "object", "description": "named events (event: response.created ... response.completed)"}}}},
+    "type": "object", "required": ["event", "data"], "description": "named events (event: response.created ... "
+    "response.completed)", "properties": {"event": {"type": "string"}, "data": {
+        "type": "string", "contentMediaType": "application/json", "contentSchema": EVENT}}}}}},
              **error_responses(400, 401, 404, 413, 500, 503)}
 
 
