@@ -14,7 +14,7 @@ from minisgl.server.parsers.tools import ToolCall
 from minisgl.server.schemas.logprobs import ChatLogprobs, PromptLogprobs
 from minisgl.server.schemas.sampling import HiddenStatesOption, SamplingFields, VllmExtras
 from minisgl.server.schemas.types import (
-    Envelope,
+    Choices,
     FirstPromptIds,
     HiddenStates,
     LogprobCount,
@@ -249,10 +249,9 @@ class ChatChoice(BaseModel):
     hidden_states: HiddenStates = None
 
 
-class ChatCompletionResponse(Envelope):
+class ChatCompletionResponse(Choices[ChatChoice]):
     id: str = new_id("chatcmpl")
     object: Literal["chat.completion"] = "chat.completion"
-    choices: list[ChatChoice]
     usage: Usage
     # OpenAI's optional fields this server has nothing for: null, as vLLM answers (see ChatResponseMessage).
     service_tier: None = None
@@ -289,10 +288,8 @@ class ChatChunkChoice(BaseModel):
     token_ids: NewIds = None
 
 
-class ChatCompletionChunk(Envelope):
+class ChatCompletionChunk(Choices[ChatChunkChoice]):
     id: str = new_id("chatcmpl")
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    choices: list[ChatChunkChoice]
-    usage: Usage | None = None
     prompt_logprobs: PromptLogprobs | None = Field(None, exclude_if=omitted, description="with a choice's first tokens")
     prompt_token_ids: FirstPromptIds = None

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 from minisgl.server.schemas.logprobs import CompletionLogprobs, PromptLogprobs
 from minisgl.server.schemas.sampling import HiddenStatesOption, SamplingFields, VllmExtras
 from minisgl.server.schemas.types import (
-    Envelope,
+    Choices,
     FirstPromptIds,
     HiddenStates,
     LogprobCount,
@@ -61,10 +61,9 @@ class CompletionChoice(BaseModel):
     hidden_states: HiddenStates = None
 
 
-class CompletionResponse(Envelope):
+class CompletionResponse(Choices[CompletionChoice]):
     id: str = new_id("cmpl")
     object: Literal["text_completion"] = "text_completion"
-    choices: list[CompletionChoice]
     usage: Usage
     system_fingerprint: None = None  # OpenAI's, declared by its client: null, as vLLM answers
 
@@ -76,8 +75,6 @@ class CompletionChunkChoice(CompletionChoice):
     prompt_token_ids: FirstPromptIds = None
 
 
-class CompletionChunk(Envelope):
+class CompletionChunk(Choices[CompletionChunkChoice]):
     id: str = new_id("cmpl")
     object: Literal["text_completion"] = "text_completion"
-    choices: list[CompletionChunkChoice]
-    usage: Usage | None = None

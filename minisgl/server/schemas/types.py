@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, Generic, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -121,6 +121,9 @@ class Usage(BaseModel):
         return self.prompt_tokens_details.cached_tokens
 
 
+ChoiceT = TypeVar("ChoiceT", bound=BaseModel)
+
+
 class Envelope(BaseModel):
     """The head every response object shares, in OpenAI's field order; subclasses set id and object."""
 
@@ -128,6 +131,14 @@ class Envelope(BaseModel):
     object: str
     created: int = Field(default_factory=unix_now)
     model: str
+
+
+class Choices(Envelope, Generic[ChoiceT]):
+    """An answer or one of its chunks (chat, text completions): the head, the choices and the usage (a chunk's:
+    null, the choice's so far, or the whole in the last one); subclasses set id and object."""
+
+    choices: list[ChoiceT]
+    usage: Usage | None = None
 
 
 def new_id(prefix: str) -> Any:
