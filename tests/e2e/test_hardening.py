@@ -223,10 +223,16 @@ def test_openapi_declares_what_the_server_answers(server):
         assert set(responses["200"]["content"]) == {"application/json", "text/event-stream"}
         assert schema["paths"][path]["post"]["security"] == [{"bearer": []}]
     assert "security" not in schema["paths"]["/health"]["get"]
+    operation_ids = [operation["operationId"] for operations in schema["paths"].values()
+                     for operation in operations.values()]
+    assert len(operation_ids) == len(set(operation_ids))
     for path, operations in schema["paths"].items():  # a fault in any handler, a body too large for any POST
         for method, operation in operations.items():
             for status in ("500", "413") if method == "post" else ("500",):
                 assert operation["responses"][status]["content"]["application/json"]["schema"] == error_ref, path
+            for link in operation["responses"]["200"].get("links", {}).values():
+                assert link["operationId"] in operation_ids, link
+    assert len(schema["paths"]["/v1/responses"]["post"]["responses"]["200"]["links"]) == 4
     assert schema["paths"]["/tokenize"]["post"]["responses"]["200"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/TokenizeResponse"}
     completion = schema["components"]["schemas"]["CompletionRequest"]["properties"]
