@@ -7,13 +7,19 @@ from minisgl.server.args import parse_args
 
 def main() -> int:
     args = parse_args()
-    if args.shell:
-        from minisgl.server.shell import run_shell
+    from minisgl.models.loader import ModelLoadError
 
-        return run_shell(args)
-    from minisgl.server.launch import serve
+    try:
+        if args.shell:
+            from minisgl.server.shell import run_shell
 
-    return serve(args)
+            return run_shell(args)
+        from minisgl.server.launch import serve
+
+        return serve(args)
+    except ModelLoadError as exc:  # a wrong --model: its reason in one line (the operator reports it), no traceback
+        print(f"minisgl: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

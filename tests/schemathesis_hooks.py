@@ -18,12 +18,24 @@ vLLM's prompt_token_ids, not both, and the chat template's options only with mes
 past a signed 64-bit integer (schemathesis compares integers that large as floats, so 2**63 + 191 looks
 equal to the bound 2**63 - 1). Each of those is a 400
 that names its reason; any other 400 for schema-valid data fails the run.
+
+The fuzzer's own bound: a chat or a Responses turn that leaves its length out runs until the context is full,
+as OpenAI's and vLLM's do, and that takes a CPU longer than a fuzzed request may take. `before_call` sends every
+generating body with its length at most MAX_GENERATED; nothing else of the case changes, and the server under
+test keeps the model's whole context.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import schemathesis
 from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+MAX_GENERATED = 16
+# Where each generating route's body states its length (paths into the body).
+LENGTHS = {"/v1/chat/completions": [("max_tokens",), ("max_completion_tokens",)], "/v1/completions": [("max_tokens",)],
+           "/v1/responses": [("max_output_tokens",)], "/generate": [("sampling_params", "max_new_tokens")]}
 
 REFUSALS_BY_CODE = {"context_length_exceeded", "too_many_sequences", "previous_response_not_found"}
 REFUSALS_BY_PARAM = {"min_tokens", "sampling_params.min_new_tokens", "top_logprobs", "logit_bias",
@@ -44,3 +56,32 @@ def schema_valid_data_accepted(ctx, response, case):
         if error.get("code") in REFUSALS_BY_CODE or error.get("param") in REFUSALS_BY_PARAM:
             return None
         raise
+
+
+@schemathesis.hook
+def before_call(ctx, case, kwargs):
+    """Bound the length of a generation (see the module's docstring): a length over MAX_GENERATED is lowered to
+    it; where none is given (left out or null) the first length field is set to it; a value of the wrong type
+    stays as it is (it is what a negative case tests)."""
+    paths = LENGTHS.get(case.operation.path) if case.method == "POST" else None
+    if not paths or not isinstance(case.body, dict):
+        return
+    given = False
+    for *parents, name in paths:
+        holder = dig(case.body, parents)
+        length = holder.get(name) if isinstance(holder, dict) else None
+        given |= length is not None
+        if isinstance(length, (int, float)) and not isinstance(length, bool) and length > MAX_GENERATED:
+            holder[name] = MAX_GENERATED
+    *parents, name = paths[0]
+    if not given and parents and parents[0] not in case.body:
+        case.body[parents[0]] = {}
+    holder = dig(case.body, parents)
+    if not given and isinstance(holder, dict):
+        holder[name] = MAX_GENERATED
+
+
+def dig(body: dict, parents: list[str]) -> Any:
+    for name in parents:
+        body = body.get(name) if isinstance(body, dict) else None
+    return body

@@ -3,10 +3,10 @@ fixture's server, which must stop cleanly (exit status 0) at the fixture's end."
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
@@ -24,7 +24,8 @@ class Server:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         extra = (*extra, "--api-key", api_key) if api_key else extra
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"minisgl-server-{self.port}.log"), "w+")
+        # The server's output, read back on failure; an unnamed file: nothing of it is left in the temp dir.
+        self.log = tempfile.TemporaryFile("w+")
         source = ["--model", model, "--served-model-name", name] if model != "--demo" else ["--demo"]
         cmd = [sys.executable, "-m", "minisgl", *source, "--port", str(self.port), "--device", DEVICE,
                "--dtype", "float32", "--num-pages", "4096", *extra]

@@ -35,6 +35,8 @@ def resolve_model_path(model: str) -> Path:
     """A local checkpoint directory, else a Hugging Face Hub id downloaded into the local HF cache."""
     path = Path(model).expanduser()
     if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{str(path)!r} is not a model directory: it has no config.json")
         return path
     try:
         from huggingface_hub import snapshot_download

@@ -21,7 +21,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from minisgl.server.errors import install_error_handlers
+from minisgl.server.errors import DESCRIPTIONS, install_error_handlers
 from minisgl.server.middleware import OPEN_PATHS, ApiKeyCheck, BodySizeLimit, RequestIdHeader
 from minisgl.server.responses_store import ResponseStore
 from minisgl.server.routes import chat, completions, generate, load, models, ops, responses, responses_ws, tokenize
@@ -78,13 +78,20 @@ def build_app(state: ServerState) -> FastAPI:
 
 
 def describe_this_server(schema: dict, state: ServerState, event_models: list[type[BaseModel]]) -> dict:
-    """Fit FastAPI's generated schema to what this server answers: errors are 400 (never FastAPI's 422),
-    `model` is the served model, token ids are bounded by its vocabulary, logprob counts by --max-logprobs, the
-    options this server was not started for (a thinking budget, hidden states) are held to their off values,
-    streamed chunks are described, and with --api-key every route but the probes' declares the bearer key."""
+    """Fit FastAPI's generated schema to what this server answers: operation ids are unique, errors are 400
+    (never FastAPI's 422), any route may answer 500 and any POST 413, `model` is the served model, token ids are
+    bounded by its vocabulary, logprob counts by --max-logprobs, the options this server was not started for (a
+    thinking budget, hidden states) are held to their off values, streamed chunks are described, and with
+    --api-key every route but the probes' declares the bearer key."""
     for path, operations in schema["paths"].items():
-        for operation in operations.values():
+        for method, operation in operations.items():
             operation["responses"].pop("422", None)
+            if len(operations) > 1:  # one route serving several methods: FastAPI gives them all its first one's id
+                operation["operationId"] = f"{operation['operationId'].rsplit('_', 1)[0]}_{method}"
+            # errors.py answers these on every route: a fault in any handler (500), any body over the limit (413)
+            for status in (500, 413) if method == "post" else (500,):
+                operation["responses"].setdefault(str(status), {"description": DESCRIPTIONS[status], "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}})
             if state.args.api_key and path not in OPEN_PATHS:
                 operation["security"] = [{"bearer": []}]
     components = schema.setdefault("components", {})

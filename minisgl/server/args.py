@@ -66,6 +66,13 @@ def max_logprobs_flag(text: str) -> int:
     return value
 
 
+def accepted(group: argparse._ArgumentGroup, *flags: str, by: str, does: str) -> None:
+    """A peer's flag for what this server does unasked: taken (and changing nothing), so that the peer's launch
+    commands run as they are."""
+    group.add_argument(*flags, action="store_true", help=f"{by}, accepted for launch commands; needed for nothing "
+                                                         f"here: {does}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m minisgl",
@@ -100,9 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
                         dest="max_prefill_tokens", type=int,
                         default=8192, help="token budget of one step: every running decode, then prefill chunks in "
                                            "the rest; longer prompts are chunked")
-    engine.add_argument("--enable-chunked-prefill", action="store_true",
-                        help="vLLM spelling, accepted for its launch commands: prefill is always chunked (by "
-                             "--max-prefill-length)")
+    accepted(engine, "--enable-chunked-prefill", by="vLLM's", does="prefill is chunked (by --max-prefill-length)")
     engine.add_argument("--max-seq-len", "--context-length", "--max-model-len", dest="max_seq_len", type=int,
                         help="longest prompt + completion, at most the model's max_position_embeddings "
                              "(default: that)")
@@ -120,8 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="prefix cache: radix shares prompt prefixes, naive does not (default: radix)")
     engine.add_argument("--disable-radix-cache", "--no-enable-prefix-caching", action="store_true",
                         help="SGLang's and vLLM's spellings of --cache naive")
-    engine.add_argument("--enable-prefix-caching", action="store_true",
-                        help="vLLM spelling, accepted for its launch commands: the prefix cache is on by default")
+    accepted(engine, "--enable-prefix-caching", by="vLLM's", does="the prefix cache is on (unless --cache naive)")
     engine.add_argument("--attn", "--attention-backend", dest="attn", default="auto",
                         help="attention backend: auto (triton on CUDA, torch on CPU), triton, torch, or "
                              "PREFILL,DECODE to mix them (default: auto)")
@@ -138,9 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="how the model writes tool calls, for tool_choice auto: hermes (= qwen, qwen25: "
                               "<tool_call> blocks), llama3 (JSON) or mistral ([TOOL_CALLS] and a JSON array); "
                               "without it only forced calls are served")
-    outputs.add_argument("--enable-auto-tool-choice", action="store_true",
-                         help="vLLM spelling, accepted for its launch commands: tool_choice auto is served "
-                              "whenever --tool-call-parser is given (vLLM, too, requires the parser with it)")
+    accepted(outputs, "--enable-auto-tool-choice", by="vLLM's", does="tool_choice auto is served whenever "
+             "--tool-call-parser is given (vLLM, too, requires the parser with it)")
     outputs.add_argument("--grammar-backend", "--structured-outputs-config.backend", choices=["xgrammar"],
                          default="xgrammar", help="SGLang's and vLLM's spellings: structured outputs always use "
                                                   "xgrammar (another backend is refused)")
@@ -175,13 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds in-flight requests may take to finish after SIGTERM; then they get an error "
                              "and the server exits")
-    server.add_argument("--enable-cache-report", "--enable-prompt-tokens-details", action="store_true",
-                        help="SGLang's and vLLM's spellings, accepted for their launch commands: usage always "
-                             "reports prompt_tokens_details.cached_tokens")
-    server.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
-                        help="vLLM spelling, accepted for its launch commands: GET /tokenizer_info is always served")
-    server.add_argument("--enable-server-load-tracking", action="store_true",
-                        help="vLLM spelling, accepted for its launch commands: GET /load is always served")
+    accepted(server, "--enable-cache-report", "--enable-prompt-tokens-details", by="SGLang's and vLLM's",
+             does="usage reports prompt_tokens_details.cached_tokens")
+    accepted(server, "--enable-tokenizer-info-endpoint", by="vLLM's", does="GET /tokenizer_info is served")
+    accepted(server, "--enable-server-load-tracking", by="vLLM's", does="GET /load is served")
     server.add_argument("--enable-force-include-usage", action="store_true",
                         help="vLLM's: every streamed chat or text completion carries usage, on each chunk (its "
                              "choice's so far) and in a last chunk, whatever stream_options says")

@@ -18,6 +18,7 @@ from minisgl.server.boundary import CheckedRequest, prepare
 from minisgl.server.engine_client import Sequence
 from minisgl.server.errors import ApiError, error_responses
 from minisgl.server.plan import Output, Plan
+from minisgl.server.schemas.logprobs import PromptLogprobs, vllm_prompt_logprobs
 from minisgl.server.schemas.types import Envelope, PromptTokensDetails, Usage
 from minisgl.server.sse import Event, event_stream
 from minisgl.server.state import ServerState
@@ -168,14 +169,22 @@ class Chunks:
     """What every chunked stream (chat, completions) shares: one id on all its chunks, a choice's usage so far
     on each (continuous_usage), and the usage chunk that ends it (include_usage)."""
 
-    def __init__(self, kind: type[Envelope], model: str, output: Output):
+    def __init__(self, kind: type[Envelope], model: str, output: Output, prompt_logprobs: int | None = None):
         self.kind, self.model, self.output = kind, model, output
         self.id = kind(model=model, choices=[]).id
+        self.prompt_logprob_count, self.scored = prompt_logprobs, set()  # choices whose prompt logprobs went out
 
     def chunk(self, choices: list[BaseModel], of: Choice | None = None, **fields: Any) -> Envelope:
         """A chunk of `choices`, with the usage so far of choice `of` when asked for."""
         so_far = usage_so_far(of) if of is not None and self.output.continuous_usage else None
         return self.kind(id=self.id, model=self.model, choices=choices, usage=so_far, **fields)
+
+    def prompt_logprobs(self, choice: Choice) -> PromptLogprobs | None:
+        """vLLM's prompt_logprobs of `choice`, when asked for: on the first chunk of its output, None after."""
+        if choice.index in self.scored:
+            return None
+        self.scored.add(choice.index)
+        return vllm_prompt_logprobs(choice.prompt_logprobs, self.prompt_logprob_count)
 
     def hidden_states(self, choice: Choice, out: TextOutput, make: Callable[[int, list[float]], BaseModel]
                       ) -> list[Envelope]:

@@ -17,37 +17,53 @@ MESSAGES = [{"role": "system", "content": "You are a helpful AI assistant"},
             {"role": "user", "content": "What is the capital of France?"}]
 
 
-def test_n_with_top_logprobs(client):
+def test_n_with_top_logprobs_and_max_completion_tokens(client):
     """SGLang run_chat_completion: n choices, each an assistant message, each content token with exactly
-    top_logprobs alternatives."""
-    done = client.chat.completions.create(model="demo", messages=MESSAGES, n=2, max_tokens=6, temperature=0,
-                                          logprobs=True, top_logprobs=5, extra_body={"ignore_eos": True})
+    top_logprobs alternatives, best first (greedy: the token is the best), the tokens spelling the content;
+    max_completion_tokens wins over max_tokens."""
+    done = client.chat.completions.create(model="demo", messages=MESSAGES, n=2, max_completion_tokens=6,
+                                          max_tokens=50, temperature=0, logprobs=True, top_logprobs=5,
+                                          extra_body={"ignore_eos": True})
     assert len(done.choices) == 2
     for choice in done.choices:
         assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
         assert len(choice.logprobs.content) == 6
         assert all(len(token.top_logprobs) == 5 for token in choice.logprobs.content)
         assert all(isinstance(alt.token, str) for token in choice.logprobs.content for alt in token.top_logprobs)
+        for token in choice.logprobs.content:
+            best = [alt.logprob for alt in token.top_logprobs]
+            assert token.logprob == pytest.approx(best[0]) and best == sorted(best, reverse=True)
+        assert "".join(token.token for token in choice.logprobs.content) == choice.message.content
     assert done.usage.prompt_tokens > 0 and done.usage.completion_tokens == 12
 
 
-def test_stream_roles_one_finish_per_choice_and_usage(client):
+def test_stream_roles_one_finish_per_choice_and_usage(client, tokenizer):
     """SGLang run_chat_completion_stream: each choice's first delta has role "assistant", each choice gets
-    exactly one finish_reason, and include_usage adds a last chunk with the usage and no choices."""
-    chunks = list(client.chat.completions.create(model="demo", messages=MESSAGES, n=2, max_tokens=5, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True},
-                                                 logprobs=True, top_logprobs=3))
+    exactly one finish_reason, and include_usage adds a last chunk with the usage and no choices. The stream
+    tells what the whole answer does, and the usage counts the prompt as the chat template writes it."""
+    args = dict(model="demo", messages=MESSAGES, n=2, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3,
+                extra_body={"ignore_eos": True})
+    chunks = list(client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True}))
     first: dict[int, object] = {}
-    finishes: dict[int, int] = {}
+    finishes: dict[int, list[str]] = {0: [], 1: []}
+    texts = {0: "", 1: ""}
     for chunk in chunks[:-1]:
         choice = chunk.choices[0]
         first.setdefault(choice.index, choice.delta)
-        finishes[choice.index] = finishes.get(choice.index, 0) + (choice.finish_reason is not None)
+        finishes[choice.index] += [choice.finish_reason] if choice.finish_reason is not None else []
+        texts[choice.index] += choice.delta.content or ""
         if choice.delta.content:
             assert len(choice.logprobs.content[0].top_logprobs) == 3
     assert {i: d.role for i, d in first.items()} == {0: "assistant", 1: "assistant"}
-    assert finishes == {0: 1, 1: 1}
+    assert finishes == {0: ["length"], 1: ["length"]}
     assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens > 0
+    whole = client.chat.completions.create(**args)
+    assert texts == {c.index: c.message.content for c in whole.choices} and all(texts.values())
+    assert [c.finish_reason for c in whole.choices] == ["length", "length"]
+    templated = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    prompt_tokens = len(tokenizer(templated, add_special_tokens=False)["input_ids"])
+    assert whole.usage.prompt_tokens == chunks[-1].usage.prompt_tokens == prompt_tokens
+    assert whole.usage.completion_tokens == chunks[-1].usage.completion_tokens == 10
 
 
 def test_stream_options_without_stream_is_refused(client):

@@ -180,3 +180,14 @@ def test_full_waiting_queue_gets_503_with_retry_after(long_context_model):
         assert httpx.post(f"{srv.url}/v1/completions", json=short, timeout=30).status_code == 200
     finally:
         assert srv.stop() == 0
+
+
+@pytest.mark.parametrize("model", ["/no/such/model", "."])  # missing; a directory without config.json
+def test_a_wrong_model_is_one_line_and_exit_2(model, tmp_path):
+    """Told as argparse tells a wrong flag: the reason on one line of stderr, no traceback, exit status 2."""
+    run = subprocess.run([sys.executable, "-m", "minisgl", "--model", model, "--device", "cpu"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    [line] = run.stderr.strip().splitlines()
+    assert line.startswith("minisgl: error: ModelLoadError: ")  # the name the operator's status quotes
+    assert ("no config.json" if model == "." else "not a local directory") in line

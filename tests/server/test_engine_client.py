@@ -7,9 +7,11 @@ import asyncio
 import concurrent.futures
 import json
 import multiprocessing
+import shutil
 import threading
 import time
 from contextlib import aclosing
+from typing import Iterator
 
 import httpx
 import openai
@@ -30,9 +32,16 @@ from minisgl.server.metrics import Metrics
 from minisgl.server.state import ServerState
 
 
-def test_ready_only_once_scheduler_and_detokenizer_report():
+@pytest.fixture
+def ipc() -> Iterator[IpcPaths]:
+    """The sockets' temp directory, removed after the test (IpcPaths.new leaves that to its caller)."""
+    paths = IpcPaths.new()
+    yield paths
+    shutil.rmtree(paths.root, ignore_errors=True)
+
+
+def test_ready_only_once_scheduler_and_detokenizer_report(ipc):
     async def scenario() -> None:
-        ipc = IpcPaths.new()
         client = EngineClient(ipc, Metrics("m"))
         router = asyncio.create_task(client.run())
         push = outbox(zmq.Context.instance(), ipc.api)
@@ -47,9 +56,8 @@ def test_ready_only_once_scheduler_and_detokenizer_report():
     asyncio.run(scenario())
 
 
-def test_stats_reply_reaches_its_waiter():
+def test_stats_reply_reaches_its_waiter(ipc):
     async def scenario() -> None:
-        ipc = IpcPaths.new()
         client = EngineClient(ipc, Metrics("m"))
         router = asyncio.create_task(client.run())
         scheduler = zmq.asyncio.Context.instance().socket(zmq.PULL)
@@ -69,11 +77,11 @@ def test_stats_reply_reaches_its_waiter():
     asyncio.run(scenario())
 
 
-def test_failing_all_at_shutdown_puts_the_error_before_any_unread_output():
+def test_failing_all_at_shutdown_puts_the_error_before_any_unread_output(ipc):
     """Past --shutdown-timeout every sequence fails: its client's next read is the error, not the backlog of
     outputs it had not read yet (a stream sending that first could be cut by the server's exit, error-less)."""
     async def scenario() -> None:
-        client = EngineClient(IpcPaths.new(), Metrics("m"))
+        client = EngineClient(ipc, Metrics("m"))
         client.admit(1, None)
         seq = client.submit([1, 2, 3], SamplingParams(max_tokens=100), [], 0)
         for _ in range(50):  # the backlog: outputs routed to the sequence that its client has not read
@@ -213,6 +221,8 @@ class StandInScheduler:
         self.server.should_exit = True
         self.server_thread.join(timeout=30)
         self.detokenizer.kill()
+        self.detokenizer.join(timeout=30)
+        shutil.rmtree(self.ipc.root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -163,19 +163,17 @@ class ChatAnswer(Answer):
         first = choices[0]
         return ChatCompletionResponse(
             model=self.model, usage=usage, choices=answers,
-            prompt_logprobs=vllm_prompt_logprobs(first.prompt_logprobs or [])
-            if self.body.prompt_logprobs is not None else None,
+            prompt_logprobs=vllm_prompt_logprobs(first.prompt_logprobs, self.body.prompt_logprobs),
             prompt_token_ids=first.prompt_ids if self.body.return_token_ids and len(self.conversations) == 1
             else None)  # a batch has no one prompt to describe
 
     async def stream(self, checked: CheckedRequest, choices: list[Choice]) -> AsyncIterator[ChatCompletionChunk]:
-        body, chunks = self.body, Chunks(ChatCompletionChunk, self.model, self.output)
+        body, chunks = self.body, Chunks(ChatCompletionChunk, self.model, self.output, self.body.prompt_logprobs)
         parsers = {c.index: self.parser(c) for c in choices}
         for c in choices:
             yield chunks.chunk([ChatChunkChoice(index=c.index, delta=DeltaMessage(role="assistant",
                                                                                   content=self.echoed(c)))],
                                c, prompt_token_ids=c.prompt_ids if body.return_token_ids else None)
-        scored: set[int] = set()  # choices whose prompt logprobs went out
         held = {c.index: "" for c in choices}  # reasoning not yet sent (stream_reasoning false)
         async for choice, out in outputs(self.state, choices):
             parser = parsers[choice.index]
@@ -186,10 +184,7 @@ class ChatAnswer(Answer):
                 delta.reasoning = ""
                 if delta.content or delta.calls or out.finish_reason:  # the thinking is complete
                     delta.reasoning, held[choice.index] = held[choice.index], ""
-            prompt_logprobs = None
-            if body.prompt_logprobs is not None and choice.index not in scored:
-                scored.add(choice.index)
-                prompt_logprobs = vllm_prompt_logprobs(choice.prompt_logprobs or [])
+            prompt_logprobs = chunks.prompt_logprobs(choice)
             if (delta.content or delta.reasoning or delta.calls or out.finish_reason or out.logprobs
                     or prompt_logprobs or (body.return_token_ids and out.new_ids)):
                 calls = [DeltaToolCall(index=made + i, function=ResponseFunction(name=call.name,

@@ -71,25 +71,28 @@ class CompletionAnswer(Answer):
                 index=c.index, text=text + c.text, finish_reason=c.finish, matched_stop=c.matched_stop,
                 hidden_states=c.hidden_states if self.output.hidden_states else None,
                 **token_ids(c, body, self.ids_only, ids, True),
+                prompt_logprobs=vllm_prompt_logprobs(c.prompt_logprobs, body.prompt_logprobs),
                 logprobs=self.logprobs(entries + c.logprobs, 0) if body.logprobs is not None else None))
         return CompletionResponse(model=self.model, usage=usage, choices=answers)
 
     async def stream(self, checked: CheckedRequest, choices: list[Choice]) -> AsyncIterator[CompletionChunk]:
-        body, chunks = self.body, Chunks(CompletionChunk, self.model, self.output)
+        body, chunks = self.body, Chunks(CompletionChunk, self.model, self.output, self.body.prompt_logprobs)
         started: set[int] = set()  # choices whose first chunk (which carries the echo) went out
         async for choice, out in outputs(self.state, choices):
             first = choice.index not in started
             text, entries, ids = echoed(choice, body, self.state.codec) if first else ("", [], [])
             started.add(choice.index)
             ids_asked = self.ids_only or body.return_token_ids
-            if text or out.text or out.finish_reason or out.logprobs or entries or (ids_asked and out.new_ids) or (
-                    first and body.prompt_logprobs is not None):
+            prompt_logprobs = chunks.prompt_logprobs(choice)
+            if text or out.text or out.finish_reason or out.logprobs or entries or (ids_asked and out.new_ids) or \
+                    prompt_logprobs is not None:
                 offset = (len(choice.prompt_text or "") if body.echo else 0) + len(choice.text) - len(out.text) \
                     - len(text)
                 yield chunks.chunk([CompletionChunkChoice(
                     index=choice.index, text=text + out.text, finish_reason=out.finish_reason,
                     logprobs=self.logprobs(entries + out.logprobs, offset) if entries or out.logprobs else None,
-                    **token_ids(choice, body, self.ids_only, ids, first, out.new_ids))], choice)
+                    **token_ids(choice, body, self.ids_only, ids, first, out.new_ids),
+                    prompt_logprobs=prompt_logprobs)], choice)
             for chunk in chunks.hidden_states(choice, out, lambda index, hidden: CompletionChunkChoice(
                     index=index, text="", hidden_states=hidden)):
                 yield chunk
@@ -99,17 +102,14 @@ class CompletionAnswer(Answer):
 
 def token_ids(c: Choice, body: CompletionRequest, ids_only: bool, echoed_ids: list[int], first: bool,
               new_ids: list[int] | None = None) -> dict:
-    """A choice's (or chunk's) token ids and prompt logprobs: the prompt's with the whole answer or a first
-    chunk; the output's (all so far, or `new_ids`) with return_token_ids, or without a tokenizer. Asked for,
-    they are the output's alone, as vLLM has them (echo or not: the prompt's are in prompt_token_ids); without
-    a tokenizer and not asked for, they stand for the text, an echoed prompt's ids first."""
+    """A choice's (or chunk's) token ids: the prompt's with the whole answer or a first chunk; the output's (all
+    so far, or `new_ids`) with return_token_ids, or without a tokenizer. Asked for, they are the output's alone,
+    as vLLM has them (echo or not: the prompt's are in prompt_token_ids); without a tokenizer and not asked for,
+    they stand for the text, an echoed prompt's ids first."""
     output = c.token_ids if new_ids is None else new_ids
     fields: dict = {"token_ids": output if body.return_token_ids else echoed_ids + output if ids_only else None}
     if first and body.return_token_ids:
         fields["prompt_token_ids"] = c.prompt_ids
-    if first and body.prompt_logprobs is not None:
-        n = body.prompt_logprobs  # echo's logprobs may have asked the engine for more
-        fields["prompt_logprobs"] = vllm_prompt_logprobs([e._replace(top=e.top[:n]) for e in c.prompt_logprobs or []])
     return fields
 
 

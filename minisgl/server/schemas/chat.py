@@ -14,9 +14,15 @@ from minisgl.server.parsers.tools import ToolCall
 from minisgl.server.schemas.logprobs import ChatLogprobs, PromptLogprobs
 from minisgl.server.schemas.sampling import HiddenStatesOption, SamplingFields, VllmExtras
 from minisgl.server.schemas.types import (
-    Envelope,
+    Choices,
+    FirstPromptIds,
+    HiddenStates,
     LogprobCount,
+    MatchedStop,
+    NewIds,
     NonEmptyText,
+    OutputIds,
+    PromptIds,
     StrictRequest,
     Text,
     TokenId,
@@ -238,17 +244,14 @@ class ChatChoice(BaseModel):
     message: ChatResponseMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
-    token_ids: list[int] | None = Field(None, description="the output's ids (return_token_ids; else null, as vLLM "
-                                                         "has it)")
-    matched_stop: str | int | None = Field(None, description="SGLang's: the stop string or stop/EOS token id that "
-                                                             "ended a 'stop' choice")
-    hidden_states: list[float] | None = Field(None, exclude_if=omitted, description="SGLang's return_hidden_states")
+    token_ids: OutputIds = None
+    matched_stop: MatchedStop = None
+    hidden_states: HiddenStates = None
 
 
-class ChatCompletionResponse(Envelope):
+class ChatCompletionResponse(Choices[ChatChoice]):
     id: str = new_id("chatcmpl")
     object: Literal["chat.completion"] = "chat.completion"
-    choices: list[ChatChoice]
     usage: Usage
     # OpenAI's optional fields this server has nothing for: null, as vLLM answers (see ChatResponseMessage).
     service_tier: None = None
@@ -256,7 +259,7 @@ class ChatCompletionResponse(Envelope):
     metadata: None = None
     moderation: None = None
     prompt_logprobs: PromptLogprobs | None = Field(None, description="vLLM's prompt_logprobs (when asked for)")
-    prompt_token_ids: list[int] | None = Field(None, description="the prompt's ids (return_token_ids; else null)")
+    prompt_token_ids: PromptIds = None
 
 
 class DeltaToolCall(ResponseToolCall):
@@ -274,8 +277,7 @@ class DeltaMessage(BaseModel):
     reasoning_content: str | None = Field(None, description="null when none, as SGLang's deltas have it")
     reasoning: str | None = Field(None, exclude_if=omitted, description="vLLM's name for reasoning_content")
     tool_calls: list[DeltaToolCall] | None = Field(None, exclude_if=omitted)
-    hidden_states: list[float] | None = Field(None, exclude_if=omitted, description="SGLang's: in a chunk of its own "
-                                              "after the choice's last")
+    hidden_states: HiddenStates = None
 
 
 class ChatChunkChoice(BaseModel):
@@ -283,13 +285,11 @@ class ChatChunkChoice(BaseModel):
     delta: DeltaMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
-    token_ids: list[int] | None = Field(None, exclude_if=omitted, description="the new ids (return_token_ids)")
+    token_ids: NewIds = None
 
 
-class ChatCompletionChunk(Envelope):
+class ChatCompletionChunk(Choices[ChatChunkChoice]):
     id: str = new_id("chatcmpl")
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    choices: list[ChatChunkChoice]
-    usage: Usage | None = None
     prompt_logprobs: PromptLogprobs | None = Field(None, exclude_if=omitted, description="with a choice's first tokens")
-    prompt_token_ids: list[int] | None = Field(None, exclude_if=omitted, description="with the first chunk")
+    prompt_token_ids: FirstPromptIds = None

@@ -8,7 +8,21 @@ from pydantic import BaseModel, Field
 
 from minisgl.server.schemas.logprobs import CompletionLogprobs, PromptLogprobs
 from minisgl.server.schemas.sampling import HiddenStatesOption, SamplingFields, VllmExtras
-from minisgl.server.schemas.types import Envelope, LogprobCount, NonEmptyText, TokenId, Usage, integer, new_id, omitted
+from minisgl.server.schemas.types import (
+    Choices,
+    FirstPromptIds,
+    HiddenStates,
+    LogprobCount,
+    MatchedStop,
+    NewIds,
+    NonEmptyText,
+    OutputIds,
+    PromptIds,
+    TokenId,
+    Usage,
+    integer,
+    new_id,
+)
 
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
@@ -40,20 +54,16 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
-    token_ids: list[int] | None = Field(None, description="the output's token ids (return_token_ids, "
-                                                          "--skip-tokenizer-init)")
-    prompt_token_ids: list[int] | None = Field(None, description="the prompt's token ids (return_token_ids)")
+    token_ids: OutputIds = None  # also without a tokenizer (--skip-tokenizer-init), standing for the text
+    prompt_token_ids: PromptIds = None
     prompt_logprobs: PromptLogprobs | None = Field(None, description="vLLM's prompt_logprobs (when asked for)")
-    matched_stop: str | int | None = Field(None, description="SGLang's: the stop string or stop/EOS token id that "
-                                                             "ended a 'stop' choice")
-    hidden_states: list[float] | None = Field(None, exclude_if=omitted, description="SGLang's return_hidden_states "
-                                              "(streamed: in a chunk of its own after the choice's last)")
+    matched_stop: MatchedStop = None
+    hidden_states: HiddenStates = None
 
 
-class CompletionResponse(Envelope):
+class CompletionResponse(Choices[CompletionChoice]):
     id: str = new_id("cmpl")
     object: Literal["text_completion"] = "text_completion"
-    choices: list[CompletionChoice]
     usage: Usage
     system_fingerprint: None = None  # OpenAI's, declared by its client: null, as vLLM answers
 
@@ -61,13 +71,10 @@ class CompletionResponse(Envelope):
 class CompletionChunkChoice(CompletionChoice):
     """A streamed choice: the ids only on the chunks that carry some."""
 
-    token_ids: list[int] | None = Field(None, exclude_if=omitted, description="the new ids (return_token_ids, "
-                                                                             "--skip-tokenizer-init)")
-    prompt_token_ids: list[int] | None = Field(None, exclude_if=omitted, description="with a choice's first chunk")
+    token_ids: NewIds = None
+    prompt_token_ids: FirstPromptIds = None
 
 
-class CompletionChunk(Envelope):
+class CompletionChunk(Choices[CompletionChunkChoice]):
     id: str = new_id("cmpl")
     object: Literal["text_completion"] = "text_completion"
-    choices: list[CompletionChunkChoice]
-    usage: Usage | None = None

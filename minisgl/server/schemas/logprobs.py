@@ -77,12 +77,15 @@ class VllmLogprob(BaseModel):
 PromptLogprobs = list[dict[str, VllmLogprob] | None]
 
 
-def vllm_prompt_logprobs(entries: list[LogprobEntry]) -> PromptLogprobs:
-    """vLLM's `prompt_logprobs`: null for the first prompt token, then per position the token itself and the
-    N best, keyed by token id."""
+def vllm_prompt_logprobs(entries: list[LogprobEntry] | None, count: int | None) -> PromptLogprobs | None:
+    """vLLM's `prompt_logprobs` when asked for (`count` not None): null for the first prompt token, then per
+    position the token itself and the `count` best, keyed by token id (the engine may have scored more:
+    completions' echo asks for its own count)."""
+    if count is None:
+        return None
     positions: PromptLogprobs = [None]
-    for e in entries:
-        ranked = {alt.token_id: (rank, alt) for rank, alt in enumerate(e.top, 1)}
+    for e in entries or []:
+        ranked = {alt.token_id: (rank, alt) for rank, alt in enumerate(e.top[:count], 1)}
         position = {str(e.token_id): VllmLogprob(logprob=_lp(e.logprob), rank=ranked.get(e.token_id, (None,))[0],
                                                  decoded_token=e.text)}
         for token_id, (rank, alt) in ranked.items():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, Generic, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -84,6 +84,19 @@ def omitted(value: Any) -> bool:
     return value is None
 
 
+# Fields the choices of chat's and text completions' answers share (SGLang's and vLLM's extensions), declared once.
+MatchedStop = Annotated[str | int | None, Field(description="SGLang's: the stop string or stop/EOS token id that "
+                                                            "ended a 'stop' choice")]
+HiddenStates = Annotated[list[float] | None, Field(exclude_if=omitted, description="SGLang's return_hidden_states "
+                                                   "(streamed: in a chunk of its own after the choice's last)")]
+OutputIds = Annotated[list[int] | None, Field(description="the output's token ids (return_token_ids; else null, as "
+                                                          "vLLM has it)")]
+NewIds = Annotated[list[int] | None, Field(exclude_if=omitted, description="a chunk's new ids (return_token_ids)")]
+PromptIds = Annotated[list[int] | None, Field(description="the prompt's ids (return_token_ids; else null)")]
+FirstPromptIds = Annotated[list[int] | None, Field(exclude_if=omitted, description="the prompt's ids, with the "
+                                                                                   "first chunk (return_token_ids)")]
+
+
 def unix_now() -> int:
     return int(time.time())
 
@@ -108,6 +121,9 @@ class Usage(BaseModel):
         return self.prompt_tokens_details.cached_tokens
 
 
+ChoiceT = TypeVar("ChoiceT", bound=BaseModel)
+
+
 class Envelope(BaseModel):
     """The head every response object shares, in OpenAI's field order; subclasses set id and object."""
 
@@ -115,6 +131,14 @@ class Envelope(BaseModel):
     object: str
     created: int = Field(default_factory=unix_now)
     model: str
+
+
+class Choices(Envelope, Generic[ChoiceT]):
+    """An answer or one of its chunks (chat, text completions): the head, the choices and the usage (a chunk's:
+    null, the choice's so far, or the whole in the last one); subclasses set id and object."""
+
+    choices: list[ChoiceT]
+    usage: Usage | None = None
 
 
 def new_id(prefix: str) -> Any:
