@@ -1,0 +1,154 @@
+"""Piecewise CUDA graphs for steps with prefill tokens: everything but attention replayed from graphs.
+
+Why: a step that carries prefill tokens (a prefill, or decodes mixed with prefill chunks) cannot replay a
+whole-forward graph, because its attention depends on every request's lengths. Run eagerly, enqueuing its
+few hundred kernels costs the host about ten times what the device needs for a prompt of a few hundred
+tokens (qwen3-0.6b, H100: ~24 ms against 2.5 ms for 626 tokens). That host time is the first token's wait
+and, under load, every other stream's inter-token gap. Everything outside attention (embedding, norms,
+projections, rope, MLP or MoE, TP all-reduces) depends only on the number of tokens, so it is captured per
+token-count bucket; attention runs eagerly on the real tokens between the pieces.
+
+How: the model calls attention through a callback (`attend(layer, q, k, v)`). Capturing the whole forward
+at a bucket's size T, the callback copies q/k/v into static buffers, ends the current graph and begins the
+next, and hands back a static output buffer that the next piece reads: L layers make L + 1 graphs. A replay
+copies the step's input ids and positions into the static inputs (rows past the real tokens keep stale,
+valid values: every op outside attention works row by row, so padding rows never touch real ones), replays
+piece i, runs attention on the first n rows of the static q/k/v into the static output, and so on; the
+final hidden state's first n rows are the step's. Attention `prepare`, the KV store (inside attention) and
+the logits of the last rows stay eager. All buckets and pieces share one memory pool, replayed in capture
+order. Above the largest bucket a step runs eagerly: its device time then outweighs the host's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+import torch
+
+from minisgl.engine.cuda_graph import gc_paused
+
+logger = logging.getLogger(__name__)
+
+# model(input_ids [T], positions [T], attend) -> hidden [T, H]; attend(layer, q, k, v) -> [T, heads * D]
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+Forward = Callable[[torch.Tensor, torch.Tensor, Attend], torch.Tensor]
+
+SMALL_BUCKETS = (16, 32, 64, 128, 256)  # powers of two for short steps
+BUCKET_STEP = 256  # then one bucket every 256 tokens: padding wastes at most 255 rows
+
+
+def token_buckets(max_tokens: int) -> list[int]:
+    """Token counts to capture, smallest first: SMALL_BUCKETS, every BUCKET_STEP above, and max_tokens itself."""
+    if max_tokens <= 0:
+        return []
+    sizes = {t for t in SMALL_BUCKETS if t <= max_tokens} | set(range(BUCKET_STEP, max_tokens + 1, BUCKET_STEP))
+    return sorted(sizes | {max_tokens})
+
+
+def bucket_for(buckets: list[int], tokens: int) -> int | None:
+    """The smallest bucket holding `tokens`, or None when the step is larger than every bucket."""
+    return next((b for b in buckets if b >= tokens), None)
+
+
+class PiecewiseGraphs:
+    """The pieces of `forward` for each bucket of token counts; `run` replays them around eager attention."""
+
+    def __init__(self, forward: Forward, max_tokens: int, heads: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        self.buckets = token_buckets(max_tokens)
+        self.max_tokens = self.buckets[-1]
+        self.ids = torch.zeros(self.max_tokens, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(self.max_tokens, dtype=torch.int64, device=device)
+        self.q = torch.zeros(self.max_tokens, heads, head_dim, dtype=dtype, device=device)
+        self.k = torch.zeros(self.max_tokens, kv_heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.attn_out = torch.zeros(self.max_tokens, heads * head_dim, dtype=dtype, device=device)
+        self.pieces: dict[int, list[torch.cuda.CUDAGraph]] = {}
+        self.hidden: dict[int, torch.Tensor] = {}
+        self.layers: list[int] = []  # the layer of each attention call, in the forward's order
+        start, free_before = time.perf_counter(), torch.cuda.mem_get_info(device)[0]
+        pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream(device)
+        torch.cuda.synchronize(device)  # the buffers above are written on the current stream; capture uses `stream`
+        with gc_paused(), torch.inference_mode(), torch.cuda.stream(stream):
+            for tokens in reversed(self.buckets):  # largest first: smaller buckets reuse its memory
+                self._capture(forward, tokens, pool, device)
+        torch.cuda.synchronize(device)
+        self.capture_seconds = time.perf_counter() - start
+        self.memory_bytes = free_before - torch.cuda.mem_get_info(device)[0]
+        logger.info("captured piecewise CUDA graphs for steps of 1..%d tokens (%d buckets x %d pieces) in %.1f s, "
+                    "%.0f MiB", self.max_tokens, len(self.buckets), len(self.layers) + 1, self.capture_seconds,
+                    self.memory_bytes / 2**20)
+
+    def _capture(self, forward: Forward, tokens: int, pool, device: torch.device) -> None:
+        """Warm `forward` up at `tokens` (kernels compile, workspaces appear), then capture it in pieces."""
+        pieces: list[torch.cuda.CUDAGraph] = []
+        layers: list[int] = []
+        current: list[torch.cuda.CUDAGraph | None] = [None]
+
+        def split(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            self.q[:tokens].copy_(q)
+            self.k[:tokens].copy_(k)
+            self.v[:tokens].copy_(v)
+            layers.append(layer)
+            if current[0] is not None:
+                current[0].capture_end()
+                pieces.append(current[0])
+                current[0] = _begin(pool)
+            return self.attn_out[:tokens]
+
+        ids, positions = self.ids[:tokens], self.positions[:tokens]
+        forward(ids, positions, split)
+        torch.cuda.synchronize(device)
+        layers.clear()
+        current[0] = _begin(pool)
+        try:
+            hidden = forward(ids, positions, split)
+            current[0].capture_end()
+        except BaseException:
+            _abandon(current[0])
+            raise
+        pieces.append(current[0])
+        if self.layers and layers != self.layers:
+            raise RuntimeError(f"attention calls differ between buckets: {layers} vs {self.layers}")
+        self.layers, self.pieces[tokens], self.hidden[tokens] = layers, pieces, hidden
+
+    def fits(self, tokens: int) -> bool:
+        return tokens <= self.max_tokens
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
+        """The final hidden state [n, H] of n tokens (n <= max_tokens); overwritten by the next run."""
+        n = input_ids.shape[0]
+        tokens = bucket_for(self.buckets, n)
+        self.ids[:n].copy_(input_ids)
+        self.positions[:n].copy_(positions)
+        pieces = self.pieces[tokens]
+        for piece, layer in zip(pieces, self.layers):
+            piece.replay()
+            self.attn_out[:n].copy_(attend(layer, self.q[:n], self.k[:n], self.v[:n]))
+        pieces[-1].replay()
+        return self.hidden[tokens][:n]
+
+    def release(self) -> None:
+        """Destroy the graphs now (under tensor parallelism, before the NCCL communicator: see DecodeGraphs)."""
+        for pieces in self.pieces.values():
+            for piece in pieces:
+                piece.reset()
+        self.pieces.clear()
+        self.hidden.clear()
+
+
+def _begin(pool) -> torch.cuda.CUDAGraph:
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: NCCL's watchdog thread polling events must not invalidate this thread's capture.
+    graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+    return graph
+
+
+def _abandon(graph: torch.cuda.CUDAGraph) -> None:
+    """End a capture that failed, so the stream leaves capture mode; the capture's own error is the one raised."""
+    try:
+        graph.capture_end()
+    except RuntimeError:
+        pass
