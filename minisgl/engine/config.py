@@ -27,9 +27,9 @@ class EngineArgs:
     overlap_schedule: bool = True  # build step N+1 on the CPU while the device runs step N
     kv_cache_dtype: str = "auto"  # auto (the model's dtype) | fp8 | fp8_e4m3 (float8_e4m3fn, scale 1.0)
     quantization: str | None = None  # None: the checkpoint's own | fp8 (per-channel FP8 weights at load)
-    # largest step with prefill tokens replayed from piecewise CUDA graphs (engine/piecewise_graph.py); 0 turns
-    # them off, as does cuda_graph_max_bs 0
-    piecewise_graph_max_tokens: int = 2048
+    # largest step with prefill tokens replayed from piecewise CUDA graphs (engine/piecewise_graph.py, which keeps
+    # fewer where the device is the bottleneck anyway); 0 turns them off, as does cuda_graph_max_bs 0
+    piecewise_graph_max_tokens: int = 8192
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, rule: str) -> None:

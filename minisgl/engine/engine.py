@@ -153,12 +153,20 @@ class Engine:
         attn = self.model.model.layers[0].self_attn
         try:
             return PiecewiseGraphs(self.model, max_tokens, attn.heads, attn.kv_heads, self.config.head_dim,
-                                   self.config.dtype, self.device)
+                                   self.config.dtype, self.device, self._any_rank)
         except RuntimeError as e:
             logger.warning("piecewise CUDA graphs are OFF for this model, steps with prefill tokens run eagerly "
                            "(slower to enqueue): its forward could not be captured: %s", e)
             torch.cuda.synchronize(self.device)
             return None
+
+    def _any_rank(self, flag: bool) -> bool:
+        """Whether `flag` holds on any tensor-parallel rank (on the CPU group)."""
+        if self.tp.size == 1:
+            return flag
+        box = torch.tensor([int(flag)])
+        dist.all_reduce(box, op=dist.ReduceOp.MAX, group=self.tp.cpu_group)
+        return bool(box.item())
 
     def close(self) -> None:
         """Leave the tensor-parallel group, after the decode graphs: destroying an NCCL communicator waits

@@ -16,7 +16,14 @@ valid values: every op outside attention works row by row, so padding rows never
 piece i, runs attention on the first n rows of the static q/k/v into the static output, and so on; the
 final hidden state's first n rows are the step's. Attention `prepare`, the KV store (inside attention) and
 the logits of the last rows stay eager. All buckets and pieces share one memory pool, replayed in capture
-order. Above the largest bucket a step runs eagerly: its device time then outweighs the host's.
+order.
+
+Which buckets: up to the flag's cap, and only while the step is host-bound when run eagerly. Each bucket is
+first run eagerly (which also compiles its kernels), smallest first, timing the host's enqueue against the
+device's whole run; the first bucket whose device time exceeds the enqueue by DEVICE_BOUND is the last one
+kept. Above it a graph saves nothing the device would notice (the host enqueues the next step while the
+device still runs this one) and its padding costs device time. On an H100 that keeps every bucket up to
+8192 tokens for qwen3-0.6b, and far fewer for an 8B model.
 """
 
 from __future__ import annotations
@@ -36,14 +43,20 @@ Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 Forward = Callable[[torch.Tensor, torch.Tensor, Attend], torch.Tensor]
 
 SMALL_BUCKETS = (16, 32, 64, 128, 256)  # powers of two for short steps
-BUCKET_STEP = 256  # then one bucket every 256 tokens: padding wastes at most 255 rows
+STEPS = ((2048, 256), (8192, 512))  # then one bucket every 256 tokens up to 2048, every 512 above
+DEVICE_BOUND = 1.25  # an eager step whose device time is this multiple of its enqueue is device-bound
 
 
 def token_buckets(max_tokens: int) -> list[int]:
-    """Token counts to capture, smallest first: SMALL_BUCKETS, every BUCKET_STEP above, and max_tokens itself."""
+    """Token counts to capture, smallest first: SMALL_BUCKETS, then STEPS' spacing (padding wastes at most 255
+    rows up to 2048 tokens, 511 above), and max_tokens itself."""
     if max_tokens <= 0:
         return []
-    sizes = {t for t in SMALL_BUCKETS if t <= max_tokens} | set(range(BUCKET_STEP, max_tokens + 1, BUCKET_STEP))
+    sizes, low = {t for t in SMALL_BUCKETS if t <= max_tokens}, SMALL_BUCKETS[-1]
+    for high, step in STEPS:
+        sizes |= set(range(low + step, min(high, max_tokens) + 1, step))
+        low = high
+    sizes |= set(range(low + STEPS[-1][1], max_tokens + 1, STEPS[-1][1]))
     return sorted(sizes | {max_tokens})
 
 
@@ -56,7 +69,8 @@ class PiecewiseGraphs:
     """The pieces of `forward` for each bucket of token counts; `run` replays them around eager attention."""
 
     def __init__(self, forward: Forward, max_tokens: int, heads: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, any_rank: Callable[[bool], bool] = bool):
+        """`any_rank(flag)`: whether any tensor-parallel rank says so (every rank must keep the same buckets)."""
         self.buckets = token_buckets(max_tokens)
         self.max_tokens = self.buckets[-1]
         self.ids = torch.zeros(self.max_tokens, dtype=torch.int64, device=device)
@@ -72,37 +86,64 @@ class PiecewiseGraphs:
         pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream(device)
         torch.cuda.synchronize(device)  # the buffers above are written on the current stream; capture uses `stream`
         with gc_paused(), torch.inference_mode(), torch.cuda.stream(stream):
+            self.buckets = self._host_bound(forward, device, any_rank)
+            self.max_tokens = self.buckets[-1]
             for tokens in reversed(self.buckets):  # largest first: smaller buckets reuse its memory
-                self._capture(forward, tokens, pool, device)
+                self._capture(forward, tokens, pool)
         torch.cuda.synchronize(device)
         self.capture_seconds = time.perf_counter() - start
         self.memory_bytes = free_before - torch.cuda.mem_get_info(device)[0]
-        logger.info("captured piecewise CUDA graphs for steps of 1..%d tokens (%d buckets x %d pieces) in %.1f s, "
-                    "%.0f MiB", self.max_tokens, len(self.buckets), len(self.layers) + 1, self.capture_seconds,
-                    self.memory_bytes / 2**20)
+        logger.info("captured piecewise CUDA graphs for steps of 1..%d tokens (%d buckets x %d pieces; %s) in "
+                    "%.1f s, %.0f MiB", self.max_tokens, len(self.buckets), len(self.layers) + 1, self.timings,
+                    self.capture_seconds, self.memory_bytes / 2**20)
 
-    def _capture(self, forward: Forward, tokens: int, pool, device: torch.device) -> None:
-        """Warm `forward` up at `tokens` (kernels compile, workspaces appear), then capture it in pieces."""
-        pieces: list[torch.cuda.CUDAGraph] = []
-        layers: list[int] = []
-        current: list[torch.cuda.CUDAGraph | None] = [None]
+    def _host_bound(self, forward: Forward, device: torch.device, any_rank: Callable[[bool], bool]) -> list[int]:
+        """The buckets up to the first whose eager run is device-bound (see the module's docstring), each run
+        eagerly twice (the first compiles); `timings` keeps 'tokens: enqueue/device ms' for the log."""
+        kept, self.timings = [], []
+        for tokens in self.buckets:
+            ids, positions = self.ids[:tokens], self.positions[:tokens]
+            forward(ids, positions, self._eager_split(tokens))
+            torch.cuda.synchronize(device)
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            start = time.perf_counter()
+            forward(ids, positions, self._eager_split(tokens))
+            host_ms = 1000 * (time.perf_counter() - start)
+            end.record()
+            end.synchronize()
+            device_ms = begin.elapsed_time(end)
+            kept.append(tokens)
+            self.timings.append(f"{tokens}: {host_ms:.1f}/{device_ms:.1f} ms")
+            if any_rank(device_ms > DEVICE_BOUND * host_ms):
+                break
+        return kept
 
+    def _eager_split(self, tokens: int) -> Attend:
+        """What attention is while the pieces are timed: q/k/v copied into the static buffers, as captured."""
         def split(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             self.q[:tokens].copy_(q)
             self.k[:tokens].copy_(k)
             self.v[:tokens].copy_(v)
-            layers.append(layer)
-            if current[0] is not None:
-                current[0].capture_end()
-                pieces.append(current[0])
-                current[0] = _begin(pool)
             return self.attn_out[:tokens]
+        return split
+
+    def _capture(self, forward: Forward, tokens: int, pool) -> None:
+        """Capture `forward` at `tokens` (warmed up by `_host_bound`) in pieces, split at each attention call."""
+        pieces: list[torch.cuda.CUDAGraph] = []
+        layers: list[int] = []
+        eager = self._eager_split(tokens)
+
+        def split(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            out = eager(layer, q, k, v)
+            layers.append(layer)
+            current[0].capture_end()
+            pieces.append(current[0])
+            current[0] = _begin(pool)
+            return out
 
         ids, positions = self.ids[:tokens], self.positions[:tokens]
-        forward(ids, positions, split)
-        torch.cuda.synchronize(device)
-        layers.clear()
-        current[0] = _begin(pool)
+        current = [_begin(pool)]
         try:
             hidden = forward(ids, positions, split)
             current[0].capture_end()

@@ -129,10 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="largest decode batch replayed from a CUDA graph; 0 turns graphs off (default: 256)")
     engine.add_argument("--enforce-eager", "--disable-cuda-graph", dest="enforce_eager", action="store_true",
                         help="vLLM's and SGLang's spellings of --cuda-graph-max-bs 0 (no CUDA graphs at all)")
-    engine.add_argument("--piecewise-cuda-graph-max-tokens", type=int, default=2048,
+    engine.add_argument("--piecewise-cuda-graph-max-tokens", type=int, default=8192,
                         help="largest step with prefill tokens (prefill, or decodes mixed with prefill chunks) "
-                             "replayed from piecewise CUDA graphs, attention eager between the pieces; larger "
-                             "steps run eagerly; 0 turns them off (default: 2048)")
+                             "replayed from piecewise CUDA graphs, attention eager between the pieces; fewer are "
+                             "kept where the model's eager steps are device-bound at start-up; larger steps run "
+                             "eagerly; 0 turns them off (default: 8192)")
     engine.add_argument("--disable-piecewise-cuda-graph", action="store_true",
                         help="--piecewise-cuda-graph-max-tokens 0")
     engine.add_argument("--disable-overlap-schedule", "--no-async-scheduling", action="store_true",

@@ -10,15 +10,17 @@ from minisgl.engine.piecewise_graph import bucket_for, token_buckets
 from minisgl.server.args import parse_args
 
 
-def test_buckets_double_up_to_256_then_step_by_256_up_to_the_cap():
+def test_buckets_double_up_to_256_then_step_by_256_up_to_2048_then_by_512():
     assert token_buckets(2048) == [16, 32, 64, 128, 256, 512, 768, 1024, 1280, 1536, 1792, 2048]
+    assert token_buckets(4000) == token_buckets(2048) + [2560, 3072, 3584, 4000]
+    assert token_buckets(9000) == token_buckets(2048) + list(range(2560, 8193, 512)) + [8704, 9000]
     assert token_buckets(1000) == [16, 32, 64, 128, 256, 512, 768, 1000]
     assert token_buckets(100) == [16, 32, 64, 100]
     assert token_buckets(8) == [8]
     assert token_buckets(0) == []
 
 
-@pytest.mark.parametrize("cap", [100, 1000, 2048, 4096])
+@pytest.mark.parametrize("cap", [100, 1000, 2048, 9000])
 def test_every_step_up_to_the_cap_gets_the_smallest_bucket_that_holds_it(cap):
     buckets = token_buckets(cap)
     for tokens in range(1, cap + 1):
@@ -26,13 +28,13 @@ def test_every_step_up_to_the_cap_gets_the_smallest_bucket_that_holds_it(cap):
         assert bucket >= tokens
         smaller = [b for b in buckets if b < bucket]
         assert not smaller or smaller[-1] < tokens  # no smaller bucket would have held it
-        assert bucket - tokens < 256  # padding wastes at most 255 rows
+        assert bucket - tokens < (256 if tokens <= 2048 else 512)  # padding wastes at most 255 (511) rows
     assert bucket_for(buckets, cap + 1) is None  # above the cap: eager
 
 
 def test_flags_set_the_cap_or_turn_the_graphs_off(tiny_models):
     base = ["--model", tiny_models["qwen3"], "--device", "cpu"]
-    assert parse_args(base).engine.piecewise_graph_max_tokens == 2048
+    assert parse_args(base).engine.piecewise_graph_max_tokens == 8192
     assert parse_args(base + ["--piecewise-cuda-graph-max-tokens", "512"]).engine.piecewise_graph_max_tokens == 512
     assert parse_args(base + ["--disable-piecewise-cuda-graph"]).engine.piecewise_graph_max_tokens == 0
     with pytest.raises(ValueError, match="piecewise_graph_max_tokens"):

