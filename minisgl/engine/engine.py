@@ -152,8 +152,9 @@ class Engine:
         cannot be captured (an op that waits for the host), which then runs those steps eagerly."""
         attn = self.model.model.layers[0].self_attn
         try:
-            return PiecewiseGraphs(self.model, max_tokens, attn.heads, attn.kv_heads, self.config.head_dim,
-                                   self.config.dtype, self.device, self._any_rank)
+            return PiecewiseGraphs(self.model, self.prefill_backend.store, self.pool.scratch_page * self.page_size,
+                                   max_tokens, attn.heads, self.config.head_dim, self.config.dtype, self.device,
+                                   self._any_rank)
         except RuntimeError as e:
             logger.warning("piecewise CUDA graphs are OFF for this model, steps with prefill tokens run eagerly "
                            "(slower to enqueue): its forward could not be captured: %s", e)
@@ -247,13 +248,11 @@ class Engine:
     def _hidden(self, inputs: ForwardInput, backend) -> torch.Tensor:
         """The final hidden state of every input token: from the piecewise graphs when the step fits them."""
         meta = backend.prepare(inputs)
-
-        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return backend.forward(layer, q, k, v, meta)
-
         if self.piecewise is not None and self.piecewise.fits(inputs.input_ids.shape[0]):
-            return self.piecewise.run(inputs.input_ids, inputs.positions, attend)
-        return self.model(inputs.input_ids, inputs.positions, attend)
+            return self.piecewise.run(inputs.input_ids, inputs.positions, inputs.out_slots,
+                                      lambda layer, q, out: backend.attend(layer, q, meta, out))
+        return self.model(inputs.input_ids, inputs.positions,
+                          lambda layer, q, k, v: backend.forward(layer, q, k, v, meta))
 
     def _logits(self, inputs: ForwardInput, backend) -> torch.Tensor:
         return self._last_logits(inputs, self._hidden(inputs, backend))

@@ -9,14 +9,14 @@ projections, rope, MLP or MoE, TP all-reduces) depends only on the number of tok
 token-count bucket; attention runs eagerly on the real tokens between the pieces.
 
 How: the model calls attention through a callback (`attend(layer, q, k, v)`). Capturing the whole forward
-at a bucket's size T, the callback copies q/k/v into static buffers, ends the current graph and begins the
-next, and hands back a static output buffer that the next piece reads: L layers make L + 1 graphs. A replay
-copies the step's input ids and positions into the static inputs (rows past the real tokens keep stale,
-valid values: every op outside attention works row by row, so padding rows never touch real ones), replays
-piece i, runs attention on the first n rows of the static q/k/v into the static output, and so on; the
-final hidden state's first n rows are the step's. Attention `prepare`, the KV store (inside attention) and
-the logits of the last rows stay eager. All buckets and pieces share one memory pool, replayed in capture
-order.
+at a bucket's size T, the callback stores k/v in the KV pool at the static slots, copies q into a static
+buffer, ends the current graph and begins the next, and hands back a static output buffer that the next
+piece reads: L layers make L + 1 graphs. A replay copies the step's input ids, positions and KV slots into
+the static inputs (rows past the real tokens keep stale, valid ids and positions: every op outside attention
+works row by row, so padding rows never touch real ones; their slots point at the pool's scratch slot),
+replays piece i, runs attention on the first n rows of the static q into the static output, and so on; the
+final hidden state's first n rows are the step's. Attention `prepare` and attention itself, and the logits
+of the last rows, stay eager. All buckets and pieces share one memory pool, replayed in capture order.
 
 Which buckets: up to the flag's cap, and only while the step is host-bound when run eagerly. Each bucket is
 first run eagerly (which also compiles its kernels), smallest first, timing the host's enqueue against the
@@ -41,6 +41,8 @@ logger = logging.getLogger(__name__)
 # model(input_ids [T], positions [T], attend) -> hidden [T, H]; attend(layer, q, k, v) -> [T, heads * D]
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 Forward = Callable[[torch.Tensor, torch.Tensor, Attend], torch.Tensor]
+Store = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]  # (layer, k, v, slots): into the KV pool
+AttendInto = Callable[[int, torch.Tensor, torch.Tensor], object]  # (layer, q [n, heads, D], out [n, heads * D])
 
 SMALL_BUCKETS = (16, 32, 64, 128, 256)  # powers of two for short steps
 STEPS = ((2048, 256), (8192, 512))  # then one bucket every 256 tokens up to 2048, every 512 above
@@ -68,16 +70,17 @@ def bucket_for(buckets: list[int], tokens: int) -> int | None:
 class PiecewiseGraphs:
     """The pieces of `forward` for each bucket of token counts; `run` replays them around eager attention."""
 
-    def __init__(self, forward: Forward, max_tokens: int, heads: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device, any_rank: Callable[[bool], bool] = bool):
-        """`any_rank(flag)`: whether any tensor-parallel rank says so (every rank must keep the same buckets)."""
+    def __init__(self, forward: Forward, store: Store, scratch_slot: int, max_tokens: int, heads: int,
+                 head_dim: int, dtype: torch.dtype, device: torch.device, any_rank: Callable[[bool], bool] = bool):
+        """`store` writes k/v into the KV pool (captured); `scratch_slot` is a pool slot nobody reads, where
+        padding rows store theirs; `any_rank(flag)`: whether any tensor-parallel rank says so (every rank
+        must keep the same buckets)."""
         self.buckets = token_buckets(max_tokens)
-        self.max_tokens = self.buckets[-1]
+        self.max_tokens, self.store, self.scratch_slot = self.buckets[-1], store, scratch_slot
         self.ids = torch.zeros(self.max_tokens, dtype=torch.int64, device=device)
         self.positions = torch.zeros(self.max_tokens, dtype=torch.int64, device=device)
+        self.slots = torch.full((self.max_tokens,), scratch_slot, dtype=torch.int64, device=device)
         self.q = torch.zeros(self.max_tokens, heads, head_dim, dtype=dtype, device=device)
-        self.k = torch.zeros(self.max_tokens, kv_heads, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
         self.attn_out = torch.zeros(self.max_tokens, heads * head_dim, dtype=dtype, device=device)
         self.pieces: dict[int, list[torch.cuda.CUDAGraph]] = {}
         self.hidden: dict[int, torch.Tensor] = {}
@@ -120,11 +123,11 @@ class PiecewiseGraphs:
         return kept
 
     def _eager_split(self, tokens: int) -> Attend:
-        """What attention is while the pieces are timed: q/k/v copied into the static buffers, as captured."""
+        """What a piece does at each attention call: k/v into the pool at the static slots, q into its static
+        buffer; the static output, which the next piece reads (attention itself runs between replays)."""
         def split(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            self.store(layer, k, v, self.slots[:tokens])
             self.q[:tokens].copy_(q)
-            self.k[:tokens].copy_(k)
-            self.v[:tokens].copy_(v)
             return self.attn_out[:tokens]
         return split
 
@@ -158,16 +161,20 @@ class PiecewiseGraphs:
     def fits(self, tokens: int) -> bool:
         return tokens <= self.max_tokens
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
-        """The final hidden state [n, H] of n tokens (n <= max_tokens); overwritten by the next run."""
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+            attend: AttendInto) -> torch.Tensor:
+        """The final hidden state [n, H] of n tokens (n <= max_tokens), whose K/V go to `slots`; overwritten
+        by the next run."""
         n = input_ids.shape[0]
         tokens = bucket_for(self.buckets, n)
         self.ids[:n].copy_(input_ids)
         self.positions[:n].copy_(positions)
+        self.slots[:n].copy_(slots)
+        self.slots[n:tokens].fill_(self.scratch_slot)  # a larger step left real slots there
         pieces = self.pieces[tokens]
         for piece, layer in zip(pieces, self.layers):
             piece.replay()
-            self.attn_out[:n].copy_(attend(layer, self.q[:n], self.k[:n], self.v[:n]))
+            attend(layer, self.q[:n], self.attn_out[:n])
         pieces[-1].replay()
         return self.hidden[tokens][:n]
 

@@ -1,8 +1,9 @@
 """Steps with prefill tokens replayed from piecewise CUDA graphs (minisgl/engine/piecewise_graph.py) give the
 eager forward's outputs: the same greedy tokens, and logprobs of sampled and prompt tokens (the latter read the
 graphs' full hidden state) equal up to float32 rounding, for a dense and an MoE model, prompts padded up to their
-bucket, and prompts chunked into steps that mix them with running decodes. Collected only with
-MINISGL_TEST_DEVICE=cuda (see conftest.py)."""
+bucket, and prompts chunked into steps that mix them with running decodes (consecutive steps of one bucket and
+different sizes: a padding row storing its K/V anywhere but the scratch slot would corrupt a request's cache).
+Collected only with MINISGL_TEST_DEVICE=cuda (see conftest.py)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def test_piecewise_graphs_give_the_eager_forward_outputs(tiny_models, arch, budg
     eager = without_piecewise(make_llm(tiny_models[arch], max_prefill_tokens=budget))
     piecewise, replays = graphs.engine.piecewise, []
     run = piecewise.run
-    piecewise.run = lambda ids, positions, attend: replays.append(ids.shape[0]) or run(ids, positions, attend)
+    piecewise.run = lambda ids, *rest: replays.append(ids.shape[0]) or run(ids, *rest)
     got, want = graphs.generate(PROMPTS, PARAMS), eager.generate(PROMPTS, PARAMS)
     assert replays  # the graphs served the steps with prefill tokens
     for g, w in zip(got, want):
