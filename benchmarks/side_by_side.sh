@@ -10,6 +10,8 @@
 # $HOME/peer/site: its wheel and its server's packages, installed with `pip install --target`), minisgl with its
 # server packages in $HOME/site (the .whl folder, as benchmarks/gpu_check.sh installs it). LEVELS and ROUNDS
 # are online.py's --levels and --rounds (default 1,16,64,256 and 2); SPEC_TIMEOUT bounds each spec (300 s).
+# TRACE=1 adds, for each minisgl spec, the TTFT stage table of benchmarks/ttft_trace.py (scheduler trace and
+# client timestamps, both kept in the logs).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 out=${OUT:-/tmp/side-by-side}; logs=$(mktemp -d); mkdir -p "$out"
@@ -21,12 +23,19 @@ for spec in "$@"; do
     env=(PYTHONPATH="$HOME/site:$PWD")
   fi
   tag=$(printf '%s' "$engine-$model$flags" | tr -c 'A-Za-z0-9.-' _)
+  trace=()
+  if [ -n "${TRACE:-}" ] && [ "$engine" = minisgl ]; then
+    env+=(MINISGL_STEP_TRACE="$logs/$tag.trace.jsonl"); trace=(--requests-out "$logs/$tag.requests.jsonl")
+  fi
   start=$SECONDS
   env "${env[@]}" timeout "${SPEC_TIMEOUT:-300}" python3 benchmarks/online.py --serve "$engine" \
     --config ".bench_models/$model.json" --levels "${LEVELS:-1,16,64,256}" --rounds "${ROUNDS:-2}" \
-    --server-args="${flags//,/ }" --log "$logs/$tag.server.log" --json "$out/online.jsonl" > "$logs/$tag.txt" 2>&1
+    --server-args="${flags//,/ }" --log "$logs/$tag.server.log" --json "$out/online.jsonl" "${trace[@]}" \
+    > "$logs/$tag.txt" 2>&1
   code=$?
   { echo; echo "$spec (exit $code, $((SECONDS - start)) s): $(grep -a '^ready in' "$logs/$tag.txt")"
-    grep -a '^|' "$logs/$tag.txt"; } | tee -a "$out/tables.md"
+    grep -a '^|' "$logs/$tag.txt"
+    [ ${#trace[@]} -gt 0 ] && python3 benchmarks/ttft_trace.py "$logs/$tag.requests.jsonl" "$logs/$tag.trace.jsonl"
+  } 2>&1 | tee -a "$out/tables.md"
 done
 tar -czf "$out/logs.tar.gz" -C "$logs" .
