@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Online serving side by side on the GPU machine: benchmarks/online.py against each SPEC in turn (same client,
 # levels and rounds), one server at a time. One JSON line per level goes to $OUT/online.jsonl, the tables to
-# $OUT/tables.md, the servers' logs to $OUT/logs.tar.gz.
+# $OUT/tables.md, the servers' logs (of this machine's runs so far) to $OUT/logs.tar.gz.
 #
 #   bash benchmarks/side_by_side.sh ENGINE:MODEL[:SERVER_FLAGS] ...      (MODEL: a .bench_models/*.json name)
 #   e.g. minisgl:qwen3-0.6b  minisgl:qwen3-0.6b:--disable-piecewise-cuda-graph  vllm:qwen3-0.6b
@@ -14,7 +14,7 @@
 # client timestamps, both kept in the logs).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-out=${OUT:-/tmp/side-by-side}; logs=$(mktemp -d); mkdir -p "$out"
+out=${OUT:-/tmp/side-by-side}; logs=/tmp/side-by-side-logs; mkdir -p "$out" "$logs"  # logs of every run so far
 for spec in "$@"; do
   IFS=: read -r engine model flags <<< "$spec"
   if [ "$engine" = vllm ]; then
