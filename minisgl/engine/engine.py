@@ -170,7 +170,7 @@ class Engine:
         return bool(box.item())
 
     def close(self) -> None:
-        """Leave the tensor-parallel group, after the decode graphs: destroying an NCCL communicator waits
+        """Leave the tensor-parallel group, after the CUDA graphs: destroying an NCCL communicator waits
         until every graph that captured one of its collectives is gone, so graphs still alive then hang the
         rank's exit for ever."""
         for graphs in (self.graphs, self.piecewise):
