@@ -30,15 +30,24 @@ class ForwardInput:
 
 
 class AttentionBackend(Protocol):
-    """`prepare` runs once per step, `forward` once per layer. A backend with `supports_cuda_graph`
-    must keep `prepare` of a decode batch capturable: device ops only, no host reads of device
-    tensors, and max_seq_len used only as an upper bound."""
+    """`prepare` runs once per step, `forward` (`store`, then `attend`) once per layer. A backend with
+    `supports_cuda_graph` must keep `prepare` of a decode batch capturable: device ops only, no host reads of
+    device tensors, and max_seq_len used only as an upper bound. `store` must always be capturable: the
+    piecewise CUDA graphs of prefill steps capture it, with `attend` run eagerly between the pieces."""
 
     supports_cuda_graph: bool
 
     def prepare(self, batch: ForwardInput) -> Any:
         """Build per-batch metadata once; every layer's forward reuses it."""
 
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        """Write the new tokens' k/v [T, kv_heads, D] into the pool at `slots` [T]."""
+
+    def attend(self, layer: int, q: torch.Tensor, meta: Any, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Attend causally over each request's whole context, whose new K/V are stored already.
+        q: [T, heads, D] -> [T, heads * D], written into `out` when given."""
+
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: Any) -> torch.Tensor:
-        """Store k/v of the new tokens in the pool, attend causally over the request's whole context.
-        q: [T, heads, D], k/v: [T, kv_heads, D] -> [T, heads * D]."""
+        """Store k/v of the new tokens in the pool (at `meta.out_slots`), then attend."""
+        self.store(layer, k, v, meta.out_slots)
+        return self.attend(layer, q, meta)

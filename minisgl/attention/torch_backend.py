@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from minisgl.attention.base import ForwardInput
+from minisgl.attention.base import AttentionBackend, ForwardInput
 from minisgl.kvcache.pool import KVPool
 
 
@@ -27,7 +27,7 @@ class TorchMeta:
     max_extend: int
 
 
-class TorchBackend:
+class TorchBackend(AttentionBackend):
     supports_cuda_graph = False  # shapes depend on max_seq_len
 
     def __init__(self, pool: KVPool, page_table: torch.Tensor):
@@ -49,13 +49,15 @@ class TorchBackend:
         mask[:, :, 0] = True  # padded query rows see one key instead of none (no NaN; discarded anyway)
         return TorchMeta(batch.out_slots, kv_slots, mask.unsqueeze(1), batch_index, query_index, b, q)
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: TorchMeta) -> torch.Tensor:
-        self.pool.store(layer, meta.out_slots, k, v)
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        self.pool.store(layer, slots, k, v)
+
+    def attend(self, layer: int, q: torch.Tensor, meta: TorchMeta, out: torch.Tensor | None = None) -> torch.Tensor:
         heads, dim = q.shape[1], q.shape[2]
         q_pad = q.new_zeros(meta.num_reqs, meta.max_extend, heads, dim)
         q_pad[meta.batch_index, meta.query_index] = q
         keys, values = self.pool.load(layer, meta.kv_slots, q.dtype)  # [B, L, kv_heads, D]
-        out = F.scaled_dot_product_attention(q_pad.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+        result = F.scaled_dot_product_attention(q_pad.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
                                              attn_mask=meta.mask, enable_gqa=True)
-        out = out.transpose(1, 2)[meta.batch_index, meta.query_index]  # [T, heads, D]
-        return out.reshape(q.shape[0], heads * dim)
+        result = result.transpose(1, 2)[meta.batch_index, meta.query_index].reshape(q.shape[0], heads * dim)
+        return result if out is None else out.copy_(result)

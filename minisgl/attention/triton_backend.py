@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minisgl.attention.base import ForwardInput
+from minisgl.attention.base import AttentionBackend, ForwardInput
 from minisgl.kernels.attention import KernelConfig, decode_attention, extend_attention, num_decode_splits
 from minisgl.kernels.kv_store import store_kv
 from minisgl.kvcache.pool import KVPool
@@ -51,7 +51,7 @@ class ExtendMeta:
     max_extend: int
 
 
-class TritonBackend:
+class TritonBackend(AttentionBackend):
     supports_cuda_graph = True
 
     def __init__(self, pool: KVPool, page_table: torch.Tensor, config: KernelConfig | None = None):
@@ -75,12 +75,14 @@ class TritonBackend:
         q_starts = torch.cumsum(batch.extend_lens, 0) - batch.extend_lens
         return ExtendMeta(batch.out_slots, batch.rows, batch.kv_lens, batch.extend_lens, q_starts, batch.max_extend)
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                meta: DecodeMeta | ExtendMeta) -> torch.Tensor:
-        store_kv(self.pool.k[layer], self.pool.v[layer], meta.out_slots, k, v)
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        store_kv(self.pool.k[layer], self.pool.v[layer], slots, k, v)
+
+    def attend(self, layer: int, q: torch.Tensor, meta: DecodeMeta | ExtendMeta,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         if q.stride(-1) != 1:
             q = q.contiguous()
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out.view(q.shape)
         k_cache, v_cache, page_size = self.pool.k[layer], self.pool.v[layer], self.pool.page_size
         if isinstance(meta, DecodeMeta):
             part_out, part_lse = meta.split_scratch(q)

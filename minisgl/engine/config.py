@@ -27,6 +27,9 @@ class EngineArgs:
     overlap_schedule: bool = True  # build step N+1 on the CPU while the device runs step N
     kv_cache_dtype: str = "auto"  # auto (the model's dtype) | fp8 | fp8_e4m3 (float8_e4m3fn, scale 1.0)
     quantization: str | None = None  # None: the checkpoint's own | fp8 (per-channel FP8 weights at load)
+    # largest step with prefill tokens replayed from piecewise CUDA graphs (engine/piecewise_graph.py, which keeps
+    # fewer where the device is the bottleneck anyway); 0 turns them off, as does cuda_graph_max_bs 0
+    piecewise_graph_max_tokens: int = 8192
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, rule: str) -> None:
@@ -47,6 +50,7 @@ class EngineArgs:
         check(self.max_seq_len is None or self.max_seq_len >= 2, "max_seq_len", "None or >= 2")
         check(0 < self.memory_ratio <= 1, "memory_ratio", "in (0, 1]")
         check(self.cuda_graph_max_bs >= 0, "cuda_graph_max_bs", ">= 0")
+        check(self.piecewise_graph_max_tokens >= 0, "piecewise_graph_max_tokens", ">= 0")
         names = self.attention_backend.split(",")
         check(len(names) <= 2 and all(n.strip() in ("auto", *BACKENDS) for n in names), "attention_backend",
               f"'auto', one of {BACKENDS} or 'PREFILL,DECODE'")

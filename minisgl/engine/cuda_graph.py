@@ -12,7 +12,8 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import torch
 
@@ -27,6 +28,18 @@ def bucket_sizes(max_bs: int) -> list[int]:
     return sorted(sizes)
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The garbage collector may run during a capture and free an earlier engine's graphs or pinned buffers,
+    which CUDA forbids while a stream captures (the capture fails): collect first, then not until done."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 class DecodeGraphs:
     def __init__(self, decode: DecodeFn, max_bs: int, pad_row: int, device: torch.device):
         self.max_bs, self.pad_row = max_bs, pad_row
@@ -37,25 +50,18 @@ class DecodeGraphs:
         self.outputs: dict[int, torch.Tensor] = {}
         start, free_before = time.perf_counter(), torch.cuda.mem_get_info(device)[0]
         pool = None
-        # The garbage collector may run during a capture and free an earlier engine's graphs or pinned
-        # buffers, which CUDA forbids while a stream captures (the capture fails): collect first, then not.
-        gc.collect()
-        gc.disable()
-        try:
-            with torch.inference_mode():
-                for bs in reversed(self.buckets):  # largest first: smaller graphs reuse its memory
-                    rows, kv_lens = self.inputs[0, :bs], self.inputs[1, :bs]
-                    decode(rows, kv_lens)  # warm-up outside the capture: kernels compile, workspaces appear
-                    torch.cuda.synchronize(device)
-                    graph = torch.cuda.CUDAGraph()
-                    # thread_local: another thread's CUDA calls (NCCL's watchdog polling earlier collectives'
-                    # events, with tensor parallelism) must not invalidate this thread's capture.
-                    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-                        self.outputs[bs] = decode(rows, kv_lens)
-                    pool = graph.pool()
-                    self.graphs[bs] = graph
-        finally:
-            gc.enable()
+        with gc_paused(), torch.inference_mode():
+            for bs in reversed(self.buckets):  # largest first: smaller graphs reuse its memory
+                rows, kv_lens = self.inputs[0, :bs], self.inputs[1, :bs]
+                decode(rows, kv_lens)  # warm-up outside the capture: kernels compile, workspaces appear
+                torch.cuda.synchronize(device)
+                graph = torch.cuda.CUDAGraph()
+                # thread_local: another thread's CUDA calls (NCCL's watchdog polling earlier collectives'
+                # events, with tensor parallelism) must not invalidate this thread's capture.
+                with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                    self.outputs[bs] = decode(rows, kv_lens)
+                pool = graph.pool()
+                self.graphs[bs] = graph
         torch.cuda.synchronize(device)
         self.capture_seconds = time.perf_counter() - start
         self.memory_bytes = free_before - torch.cuda.mem_get_info(device)[0]

@@ -23,6 +23,7 @@ from minisgl.core import GREEDY_TEMPERATURE, Batch
 from minisgl.distributed import TPGroup
 from minisgl.engine.config import EngineArgs
 from minisgl.engine.cuda_graph import DecodeGraphs
+from minisgl.engine.piecewise_graph import PiecewiseGraphs
 from minisgl.engine.sampler import Sampler
 from minisgl.kvcache.pool import KVPool, kv_cache_dtype
 from minisgl.models import load_model, resolve_model_path
@@ -115,8 +116,10 @@ class Engine:
         self.page_size = args.page_size
         prefill_name, decode_name = backend_names(args.attention_backend, device)
         graph_bs = min(args.cuda_graph_max_bs, args.max_running_requests) if device.type == "cuda" else 0
+        piece_tokens = args.piecewise_graph_max_tokens if graph_bs else 0
         self.kv_dtype = kv_cache_dtype(args.kv_cache_dtype, config.dtype)
-        self.num_pages = args.num_pages or self._pages_from_memory(attn.kv_heads, config.head_dim, graph_bs)
+        self.num_pages = args.num_pages or self._pages_from_memory(attn.kv_heads, config.head_dim, graph_bs,
+                                                                     piece_tokens)
         self.pool = KVPool(config.num_layers, self.num_pages, args.page_size, attn.kv_heads, config.head_dim,
                            config.dtype, device, self.kv_dtype)
         # One row per running request, plus a last row that CUDA-graph padding points at: its pages
@@ -136,27 +139,53 @@ class Engine:
         self.sampler = Sampler(rows, config.vocab_size, device)
         self.load_seconds = time.perf_counter() - start
         self.graphs: DecodeGraphs | None = None
+        self.piecewise: PiecewiseGraphs | None = None  # made after the decode graphs, which capture `_hidden`
+        if graph_bs > 0 and tp.size > 1:  # start together: a rank still loading must not hold the others inside
+            dist.barrier(group=tp.cpu_group)  # a captured collective
         if graph_bs > 0 and self.decode_backend.supports_cuda_graph:
-            if tp.size > 1:  # start together: a rank still loading must not hold the others inside a collective
-                dist.barrier(group=tp.cpu_group)
             self.graphs = DecodeGraphs(self._decode_logits, graph_bs, self.pad_row, device)
+        if piece_tokens:
+            self.piecewise = self._capture_piecewise(piece_tokens)
+
+    def _capture_piecewise(self, max_tokens: int) -> PiecewiseGraphs | None:
+        """Piecewise graphs for steps with prefill tokens; None, with a warning, for a model whose forward
+        cannot be captured (an op that waits for the host), which then runs those steps eagerly."""
+        attn = self.model.model.layers[0].self_attn
+        try:
+            return PiecewiseGraphs(self.model, self.prefill_backend.store, self.pool.scratch_page * self.page_size,
+                                   max_tokens, attn.heads, self.config.head_dim, self.config.dtype, self.device,
+                                   self._any_rank)
+        except RuntimeError as e:
+            logger.warning("piecewise CUDA graphs are OFF for this model, steps with prefill tokens run eagerly "
+                           "(slower to enqueue): its forward could not be captured: %s", e)
+            torch.cuda.synchronize(self.device)
+            return None
+
+    def _any_rank(self, flag: bool) -> bool:
+        """Whether `flag` holds on any tensor-parallel rank (on the CPU group)."""
+        if self.tp.size == 1:
+            return flag
+        box = torch.tensor([int(flag)])
+        dist.all_reduce(box, op=dist.ReduceOp.MAX, group=self.tp.cpu_group)
+        return bool(box.item())
 
     def close(self) -> None:
-        """Leave the tensor-parallel group, after the decode graphs: destroying an NCCL communicator waits
+        """Leave the tensor-parallel group, after the CUDA graphs: destroying an NCCL communicator waits
         until every graph that captured one of its collectives is gone, so graphs still alive then hang the
         rank's exit for ever."""
-        if self.graphs is not None:
-            self.graphs.release()
-            self.graphs = None
+        for graphs in (self.graphs, self.piecewise):
+            if graphs is not None:
+                graphs.release()
+        self.graphs = self.piecewise = None
         self.tp.destroy()
 
-    def _pages_from_memory(self, kv_heads: int, head_dim: int, graph_bs: int) -> int:
+    def _pages_from_memory(self, kv_heads: int, head_dim: int, graph_bs: int, piece_tokens: int) -> int:
         """Fill what `memory_ratio` of the device leaves after the weights and a reserve for the CUDA
         graphs' activations; the same on every rank."""
         per_token = KVPool.bytes_per_token(self.config.num_layers, kv_heads, head_dim, self.kv_dtype)
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
-            budget = free - total * (1 - self.args.memory_ratio) - self._graph_reserve(graph_bs)
+            budget = free - total * (1 - self.args.memory_ratio) - self._graph_reserve(graph_bs, piece_tokens)
         else:
             budget = CPU_KV_BUDGET
         pages = int(budget // (per_token * self.args.page_size))
@@ -169,12 +198,14 @@ class Engine:
                                f"raise memory_ratio or set num_pages")
         return pages
 
-    def _graph_reserve(self, graph_bs: int) -> int:
-        """Bytes the decode graphs keep: the largest batch's logits (model dtype, and float32 while
-        sampling) and its widest activations, with a margin. The real figure is logged at capture."""
+    def _graph_reserve(self, graph_bs: int, piece_tokens: int) -> int:
+        """Bytes the CUDA graphs keep: the largest decode batch's logits (model dtype, and float32 while
+        sampling) and, for it and the largest piecewise bucket, the widest activations, with a margin.
+        The real figures are logged at capture."""
         c = self.config
         widest = max(c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim) * 4
-        return graph_bs * (c.vocab_size * 10 + widest * c.dtype.itemsize) + (64 << 20) if graph_bs else 0
+        return (graph_bs * (c.vocab_size * 10 + widest * c.dtype.itemsize) + piece_tokens * widest * c.dtype.itemsize
+                + (64 << 20) if graph_bs else 0)
 
     # ---- inputs ---------------------------------------------------------------------------------
 
@@ -215,7 +246,11 @@ class Engine:
     # ---- forward --------------------------------------------------------------------------------
 
     def _hidden(self, inputs: ForwardInput, backend) -> torch.Tensor:
+        """The final hidden state of every input token: from the piecewise graphs when the step fits them."""
         meta = backend.prepare(inputs)
+        if self.piecewise is not None and self.piecewise.fits(inputs.input_ids.shape[0]):
+            return self.piecewise.run(inputs.input_ids, inputs.positions, inputs.out_slots,
+                                      lambda layer, q, out: backend.attend(layer, q, meta, out))
         return self.model(inputs.input_ids, inputs.positions,
                           lambda layer, q, k, v: backend.forward(layer, q, k, v, meta))
 

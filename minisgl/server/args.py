@@ -132,7 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--cuda-graph-max-bs", type=int, default=256,
                         help="largest decode batch replayed from a CUDA graph; 0 turns graphs off (default: 256)")
     engine.add_argument("--enforce-eager", "--disable-cuda-graph", dest="enforce_eager", action="store_true",
-                        help="vLLM's and SGLang's spellings of --cuda-graph-max-bs 0")
+                        help="vLLM's and SGLang's spellings of --cuda-graph-max-bs 0 (no CUDA graphs at all)")
+    engine.add_argument("--piecewise-cuda-graph-max-tokens", type=int, default=8192,
+                        help="largest step with prefill tokens (prefill, or decodes mixed with prefill chunks) "
+                             "replayed from piecewise CUDA graphs, attention eager between the pieces; fewer are "
+                             "kept where the model's eager steps are device-bound at start-up; larger steps run "
+                             "eagerly; 0 turns them off (default: 8192)")
+    engine.add_argument("--disable-piecewise-cuda-graph", action="store_true",
+                        help="--piecewise-cuda-graph-max-tokens 0")
     engine.add_argument("--disable-overlap-schedule", "--no-async-scheduling", action="store_true",
                         help="run each step to completion before scheduling the next (overlap is on by default; "
                              "vLLM calls it async scheduling)")
@@ -243,6 +250,7 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
             max_seq_len=a.max_seq_len, memory_ratio=a.memory_ratio,
             dummy_weights=a.dummy_weight or a.load_format == "dummy",
             cuda_graph_max_bs=0 if a.enforce_eager else a.cuda_graph_max_bs,
+            piecewise_graph_max_tokens=0 if a.disable_piecewise_cuda_graph else a.piecewise_cuda_graph_max_tokens,
             overlap_schedule=not a.disable_overlap_schedule, kv_cache_dtype=a.kv_cache_dtype,
             quantization=a.quantization)
     except ValueError as exc:

@@ -1,0 +1,72 @@
+"""The piecewise CUDA graphs' bucket choice and flags, on the CPU (capture and replay:
+tests/gpu/test_piecewise_graph.py)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from kernels.test_triton_attention import LAYER, Case
+
+from minisgl.attention import make_backend
+from minisgl.attention.torch_backend import TorchBackend
+from minisgl.attention.triton_backend import TritonBackend
+from minisgl.engine.config import EngineArgs
+from minisgl.engine.piecewise_graph import bucket_for, token_buckets
+from minisgl.server.args import parse_args
+
+
+def test_buckets_double_up_to_256_then_step_by_256_up_to_2048_then_by_512():
+    assert token_buckets(2048) == [16, 32, 64, 128, 256, 512, 768, 1024, 1280, 1536, 1792, 2048]
+    assert token_buckets(4000) == token_buckets(2048) + [2560, 3072, 3584, 4000]
+    assert token_buckets(9000) == token_buckets(2048) + list(range(2560, 8193, 512)) + [8704, 9000]
+    assert token_buckets(1000) == [16, 32, 64, 128, 256, 512, 768, 1000]
+    assert token_buckets(100) == [16, 32, 64, 100]
+    assert token_buckets(8) == [8]
+    assert token_buckets(0) == []
+
+
+@pytest.mark.parametrize("cap", [100, 1000, 2048, 9000])
+def test_every_step_up_to_the_cap_gets_the_smallest_bucket_that_holds_it(cap):
+    buckets = token_buckets(cap)
+    for tokens in range(1, cap + 1):
+        bucket = bucket_for(buckets, tokens)
+        assert bucket >= tokens
+        smaller = [b for b in buckets if b < bucket]
+        assert not smaller or smaller[-1] < tokens  # no smaller bucket would have held it
+        assert bucket - tokens < (256 if tokens <= 2048 else 512)  # padding wastes at most 255 (511) rows
+    assert bucket_for(buckets, cap + 1) is None  # above the cap: eager
+
+
+def test_flags_set_the_cap_or_turn_the_graphs_off(tiny_models):
+    base = ["--model", tiny_models["qwen3"], "--device", "cpu"]
+    assert parse_args(base).engine.piecewise_graph_max_tokens == 8192
+    assert parse_args(base + ["--piecewise-cuda-graph-max-tokens", "512"]).engine.piecewise_graph_max_tokens == 512
+    assert parse_args(base + ["--disable-piecewise-cuda-graph"]).engine.piecewise_graph_max_tokens == 0
+    with pytest.raises(ValueError, match="piecewise_graph_max_tokens"):
+        EngineArgs(tiny_models["qwen3"], piecewise_graph_max_tokens=-1)
+
+
+@pytest.mark.parametrize("backend_name", ["torch", "triton"])
+def test_store_with_padding_rows_then_attend_into_a_buffer_equals_forward(backend_name):
+    """What a replay does per layer: the piece stores the bucket's K/V (padding rows at the scratch slot, with
+    stale values), then attention of the real rows writes into the static output. Same output and the same
+    pool as the plain forward; the scratch slot is the only other slot touched."""
+    case = Case([5, 0, 17], [3, 9, 1], heads=4, kv_heads=2, head_dim=16, page_size=4)
+    want, want_pool = case.run(TorchBackend if backend_name == "torch" else TritonBackend)
+    pool = copy.copy(case.pool)
+    pool.k, pool.v = case.pool.k.clone(), case.pool.v.clone()
+    backend = make_backend(backend_name, pool, case.page_table)
+    pad, scratch = 5, pool.scratch_page * pool.page_size
+    slots = torch.cat([case.batch.out_slots, torch.full((pad,), scratch)])
+    stale = [torch.cat([t, torch.randn(pad, *t.shape[1:])]) for t in (case.k, case.v)]
+    backend.store(LAYER, *stale, slots)
+    out = torch.full((case.q.shape[0] + pad, want.shape[1]), float("nan"))
+    returned = backend.attend(LAYER, case.q, backend.prepare(case.batch), out[: case.q.shape[0]])
+    assert returned.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(out[: case.q.shape[0]], want, atol=2e-5, rtol=0)
+    assert out[case.q.shape[0]:].isnan().all()  # padding rows of the output are not written
+    keep = torch.ones(pool.k.shape[1], dtype=torch.bool)
+    keep[scratch] = False
+    assert torch.equal(pool.k[:, keep], want_pool.k[:, keep]) and torch.equal(pool.v[:, keep], want_pool.v[:, keep])
