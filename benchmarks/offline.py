@@ -17,9 +17,13 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from minisgl import LLM, SamplingParams
+Generate = Callable[[list[list[int]], float, list[int]], object]
+"""Runs token-id prompts to completion (ignore_eos) at a temperature, each with its own max_tokens, and
+returns once the device has finished. The workloads below take one, so that benchmarks/vllm_offline.py
+drives vLLM through the same prompts, lengths and seeds."""
 
 
 def model_dir(config: str) -> str:
@@ -29,52 +33,66 @@ def model_dir(config: str) -> str:
     return str(path)
 
 
-def timed(llm: LLM, prompts, params) -> float:
+def minisgl_generate(llm) -> Generate:
+    """`Generate` over a minisgl LLM (imported here, so that the workloads load without minisgl)."""
+    from minisgl import SamplingParams
+
+    def generate(prompts: list[list[int]], temperature: float, max_tokens: list[int]) -> object:
+        params = [SamplingParams(temperature=temperature, max_tokens=m, ignore_eos=True) for m in max_tokens]
+        return llm.generate(prompts, params)  # returns host lists, so the device has finished
+
+    return generate
+
+
+def timed(generate: Generate, prompts: list[list[int]], temperature: float, max_tokens: int | list[int]) -> float:
+    if isinstance(max_tokens, int):
+        max_tokens = [max_tokens] * len(prompts)
     start = time.perf_counter()
-    llm.generate(prompts, params)  # returns host lists, so the device has finished
+    generate(prompts, temperature, max_tokens)
     return time.perf_counter() - start
 
 
-def w1(llm: LLM) -> dict:
+def w1(generate: Generate) -> dict:
     random.seed(0)
     prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, 1024))] for _ in range(256)]
     max_tokens = [random.randint(100, 1024) for _ in range(256)]
-    timed(llm, prompts[:4], SamplingParams(temperature=0.6, max_tokens=16, ignore_eos=True))
-    params = [SamplingParams(temperature=0.6, max_tokens=m, ignore_eos=True) for m in max_tokens]
-    seconds = timed(llm, prompts, params)
+    timed(generate, prompts[:4], 0.6, 16)
+    seconds = timed(generate, prompts, 0.6, max_tokens)
     return {"workload": "W1", "seconds": round(seconds, 2), "output_tok_s": round(sum(max_tokens) / seconds)}
 
 
-def decode_ms(llm: LLM, prompts: list[list[int]], tokens: int, repeats: int) -> float:
+def decode_ms(generate: Generate, prompts: list[list[int]], tokens: int, repeats: int) -> float:
     """Median milliseconds per decode step: (time for `tokens` tokens - time for 1) / (tokens - 1)."""
-    one, many = (SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (1, tokens))
-    timed(llm, prompts, one)
-    itl = [(timed(llm, prompts, many) - timed(llm, prompts, one)) / (tokens - 1) for _ in range(repeats)]
+    timed(generate, prompts, 0.0, 1)
+    itl = [(timed(generate, prompts, 0.0, tokens) - timed(generate, prompts, 0.0, 1)) / (tokens - 1)
+           for _ in range(repeats)]
     return round(1000 * statistics.median(itl), 3)
 
 
-def w2(llm: LLM) -> dict:
+def w2(generate: Generate) -> dict:
     prompt = [random.Random(1).randint(0, 10000) for _ in range(128)]
-    return {"workload": "W2", "itl_ms": decode_ms(llm, [prompt], 512, 5)}
+    return {"workload": "W2", "itl_ms": decode_ms(generate, [prompt], 512, 5)}
 
 
-def steps(llm: LLM) -> dict:
+def steps(generate: Generate) -> dict:
     rng = random.Random(2)
     out = {}
     for bs in (1, 8, 32, 128, 256):
         prompts = [[rng.randint(0, 10000) for _ in range(512)] for _ in range(bs)]
-        out[f"bs{bs}_ms"] = decode_ms(llm, prompts, 65, 3)
+        out[f"bs{bs}_ms"] = decode_ms(generate, prompts, 65, 3)
     return {"workload": "steps", **out}
 
 
-def w3(llm: LLM) -> dict:
+def w3(generate: Generate) -> dict:
     rng = random.Random(3)
     prefix = [rng.randint(0, 10000) for _ in range(2048)]
     suffixes = [[rng.randint(0, 10000) for _ in range(64)] for _ in range(65)]
-    params = SamplingParams(temperature=0.6, max_tokens=128, ignore_eos=True)
-    timed(llm, [prefix + suffixes[0]], params)
-    seconds = timed(llm, [prefix + s for s in suffixes[1:]], params)
-    return {"workload": "W3", "cache": llm.engine.args.cache_type, "seconds": round(seconds, 3)}
+    timed(generate, [prefix + suffixes[0]], 0.6, 128)
+    seconds = timed(generate, [prefix + s for s in suffixes[1:]], 0.6, 128)
+    return {"workload": "W3", "seconds": round(seconds, 3)}
+
+
+WORKLOADS: dict[str, Callable[[Generate], dict]] = {"w1": w1, "w2": w2, "w3": w3, "w3-nocache": w3, "steps": steps}
 
 
 def main() -> None:
@@ -89,6 +107,8 @@ def main() -> None:
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"],
                         help="auto: --dtype; fp8: a float8_e4m3fn KV cache")
     args = parser.parse_args()
+    from minisgl import LLM
+
     start = time.perf_counter()
     llm = LLM(model_dir(args.config), dtype=args.dtype, dummy_weights=True, attention_backend=args.attn,
               tp_size=args.tp, max_seq_len=4096, max_prefill_tokens=16384, max_running_requests=256,
@@ -96,8 +116,9 @@ def main() -> None:
               cuda_graph_max_bs=args.cuda_graph_max_bs, overlap_schedule=not args.no_overlap,
               kv_cache_dtype=args.kv_cache_dtype)
     ready = time.perf_counter() - start
-    run = {"w1": w1, "w2": w2, "w3": w3, "w3-nocache": w3, "steps": steps}[args.workload]
-    result = run(llm)
+    result = WORKLOADS[args.workload](minisgl_generate(llm))
+    if args.workload.startswith("w3"):
+        result["cache"] = llm.engine.args.cache_type
     kv_tokens = llm.engine.num_pages * llm.engine.page_size  # read before shutdown() drops the engine
     llm.shutdown()
     print(json.dumps({"model": Path(args.config).stem, "tp": args.tp, "attn": args.attn,
