@@ -53,19 +53,22 @@ def gemv_fp8(config: GemvConfig | None):
 
 
 @pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
+@pytest.mark.parametrize("block_n", [16, 32], ids=["tile_in_block", "tile_over_blocks"])
 @pytest.mark.parametrize("scales", list(SMALL))
 @pytest.mark.parametrize("m", [1, 5, 40])
-def test_fp8_gemm_small(scales, m):
-    """N = 50 and K = 300: tails in both, a partial last scale group, two row tiles at M = 40."""
-    tiles = Fp8GemmConfig(block_m=32, block_n=16)
+def test_fp8_gemm_small(scales, m, block_n):
+    """N = 50 and K = 300: tails in both, a partial last scale group, two row tiles at M = 40. With 16-row
+    blocks a 16-column tile takes one weight scale per group, a 32-column one a scale per column."""
+    tiles = Fp8GemmConfig(block_m=32, block_n=block_n)
     check_linear(lambda x, w, s, c, b: fp8_gemm(x, w, s, c, b, tiles), m, 50, 300, SMALL[scales], bias=m == 5)
 
 
 @pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
 @pytest.mark.parametrize("split_k", [1, 4, None], ids=["whole", "split4", "default"])
 @pytest.mark.parametrize("scales", list(SMALL))
-@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("m", [1, 3, 8, 20, 40])
 def test_fp8_gemv_small(scales, m, split_k):
+    """Rows padded to tiles of 16, 32 (M = 20) and 64 (M = 40); 16-row tiles inside 16-row weight blocks."""
     config = GemvConfig(block_n=16, block_k=32, split_k=split_k) if split_k else None
     check_linear(gemv_fp8(config), m, 50, 300, SMALL[scales], bias=m == 3)
 
