@@ -8,8 +8,8 @@
 The sweep's winners replace the tables in memory before the comparison runs, so its figures are the
 tuned ones. Timed as benchmarks/gemv.py times (CUDA-graph replay, the weight cycled through copies so
 that each call reads it from HBM). Block-scaled weights (128 x 128), as Qwen/Qwen3-8B-FP8. The FP8 GEMM's
-time includes its activation-quantization launch. From 16 to FP8_GEMV_MAX_M rows, where FP8 layers take
-the GEMV, the GEMM's time is printed too (the reason for the routing).
+time includes its activation-quantization launch. At 16 rows, the most that FP8 layers send to the GEMV, the
+GEMM's time is printed too (the reason for the routing).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from triton.runtime.errors import OutOfResources
 from minisgl.kernels import fp8 as fp8_kernels
 from minisgl.kernels import gemv as gemv_kernels
 from minisgl.kernels.fp8 import FP8_GEMM_CONFIGS, Fp8GemmConfig, fp8_gemm, pick_config
-from minisgl.kernels.gemv import FP8_CONFIGS, FP8_GEMV_MAX_M, GemvConfig, default_config, gemv
+from minisgl.kernels.gemv import BLOCK_M, FP8_CONFIGS, GemvConfig, default_config, gemv
 from minisgl.layers.fp8 import Fp8Config, quantize_weight
 from minisgl.layers.linear import fp8_linear, linear
 
@@ -144,10 +144,10 @@ def main() -> None:
                 t_bf16 = time_per_call(lambda: linear(x, next(bf16)), calls, args.replays)
                 t_fp8 = time_per_call(lambda: fp8_linear(x, next(fp8), scale, BLOCK), fp8_calls, args.replays)
                 t_gemm = time_per_call(lambda: fp8_gemm(x, next(fp8), scale, BLOCK), fp8_calls, args.replays) \
-                    if 16 <= m <= FP8_GEMV_MAX_M else 0.0
+                    if 16 <= m <= BLOCK_M else 0.0
                 for i, t in enumerate((t_bf16, t_fp8, t_gemm)):
                     step[m][i] += dims.layers * t
-                kernel = "gemv" if m <= FP8_GEMV_MAX_M else f"gemm {pick_config(m, n, k)}"
+                kernel = "gemv" if m <= BLOCK_M else f"gemm {pick_config(m, n, k)}"
                 print(f"{layer:<8} {n:>6} {k:>6} M={m:<5} bf16 {t_bf16:>8.1f}  fp8 {t_fp8:>8.1f}  "
                       f"{t_bf16 / t_fp8:.2f}x  fp8 GB/s {wq.nbytes / t_fp8 / 1e3:>5.0f}"
                       + (f"  (gemm {t_gemm:.1f})" if t_gemm else "") + f"  [{kernel}]", flush=True)

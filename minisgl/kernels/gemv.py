@@ -1,4 +1,4 @@
-"""Split-K GEMV for decode: y = x W^T (+ b) for a few rows of x (M <= 64) and a large weight W [N, K].
+"""Split-K GEMV for decode: y = x W^T (+ b) for a few rows of x (M <= 16) and a large weight W [N, K].
 
 At decode batch sizes a linear layer is a weight read: each element of W is used M times, so the
 kernel is as fast as it streams W from HBM. cuBLAS tiles these shapes for larger M: on an H200 it took
@@ -6,7 +6,7 @@ kernel is as fast as it streams W from HBM. cuBLAS tiles these shapes for larger
 a few percent slower on most other decode projections (the measured rows in CONFIGS).
 
 Each program reads one [BLOCK_N, BLOCK_K] strip of W per step and multiplies it with all M rows at once
-on the tensor cores (x padded to 16, 32 or 64 rows by masked loads); programs are spread over the N tiles and,
+on the tensor cores (x padded to 16 rows by masked loads); programs are spread over the N tiles and,
 where N alone gives too few to fill the GPU, over SPLIT_K slices of K.
 
 The split-K partial sums are reduced in a fixed order, in the same launch: every program writes its
@@ -19,10 +19,10 @@ GEMV itself.
 
 FP8 weights (e4m3 with block or per-channel scales, see `minisgl.kernels.fp8`) halve the bytes streamed:
 BLOCK_K is then the scale group; each program quantizes its slice of x per row and group in registers
-and scales each group's product by the activation and weight scales. Up to FP8_GEMV_MAX_M rows an FP8
-layer takes this kernel rather than the FP8 GEMM: 64 rows still do 2 x 64 flops a weight byte, well below
-what the FP8 tensor cores do per byte of HBM, so the weight read bounds both and split-K streams it faster
-than the GEMM's few output tiles (qwen3-8b's 4096-row projections give the GEMM 32-64 programs).
+and scales each group's product by the activation and weight scales (one scalar weight scale per step
+where the tile's rows sit in one weight block). FP8 layers take this kernel up to its 16 rows: on an H100
+qwen3-8b's projections took 3.2 ms a decode step here at 16 rows against 4.5 ms in the FP8 GEMM, while
+64-row tiles (tried) took 8.1 ms against the GEMM's 4.7 (benchmarks/fp8.py).
 """
 
 from __future__ import annotations
@@ -39,9 +39,8 @@ from minisgl.kernels.fp8 import EMULATE, dot_e4m3, quantize_tile, scale_strides
 if TYPE_CHECKING:
     from minisgl.layers.fp8 import Fp8Config
 
-MAX_ROWS = 64  # rows of x per program: 16, 32 or 64, the next power of two of M (one compile each)
-GEMV_MAX_M = 8  # the largest bf16 decode batch routed here (the CUDA-graph buckets 1, 2, 4, 8)
-FP8_GEMV_MAX_M = 64  # the largest FP8 batch routed here (see above)
+BLOCK_M = 16  # rows of x per program; one compiled kernel serves every M up to it
+GEMV_MAX_M = 8  # the largest decode batch routed here (the CUDA-graph buckets 1, 2, 4, 8)
 COUNTER_SLOTS = 1 << 14  # arrival counters per device: one per N tile of a split-K launch
 TARGET_PROGRAMS = 256  # about two programs per SM of an H100/H200 (132 SMs)
 
@@ -156,7 +155,16 @@ CONFIGS: dict[tuple[int, int], GemvConfig] = {
 
 
 # The same for e4m3 weights (BLOCK_K is the scale group, 128): rows from `benchmarks/fp8.py --sweep`.
-FP8_CONFIGS: dict[tuple[int, int], GemvConfig] = {}
+FP8_CONFIGS: dict[tuple[int, int], GemvConfig] = {
+    # NVIDIA H100 80GB HBM3 qwen3-8b TP1 qkv: M=1 13.6 us, M=8 13.3 us
+    (6144, 4096): GemvConfig(block_n=64, block_k=128, split_k=4, num_warps=4, num_stages=4),
+    # NVIDIA H100 80GB HBM3 qwen3-8b TP1 o: M=1 10.3 us, M=8 10.5 us
+    (4096, 4096): GemvConfig(block_n=128, block_k=128, split_k=4, num_warps=8, num_stages=4),
+    # NVIDIA H100 80GB HBM3 qwen3-8b TP1 gate_up: M=1 40.0 us, M=8 40.9 us
+    (24576, 4096): GemvConfig(block_n=64, block_k=128, split_k=1, num_warps=4, num_stages=4),
+    # NVIDIA H100 80GB HBM3 qwen3-8b TP1 down: M=1 23.4 us, M=8 24.0 us
+    (4096, 12288): GemvConfig(block_n=64, block_k=128, split_k=8, num_warps=4, num_stages=3),
+}
 
 
 def default_config(n: int, k: int, block_n: int = 32, block_k: int = 256) -> GemvConfig:
@@ -193,14 +201,14 @@ def arrival_counters(device: torch.device) -> torch.Tensor:
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
          config: GemvConfig | None = None, scale: torch.Tensor | None = None,
          fp8: Fp8Config | None = None) -> torch.Tensor:
-    """F.linear(x, w, bias) for x [M, K] with M <= MAX_ROWS, w [N, K] with unit stride along K, bias [N]; float32
+    """F.linear(x, w, bias) for x [M, K] with M <= 16, w [N, K] with unit stride along K, bias [N]; float32
     accumulation, output [M, N] in x's dtype. `config` overrides CONFIGS and default_config. An e4m3 w
     comes with its `scale` and `fp8` settings: the result is then `fp8_linear_torch`'s."""
     m, k = x.shape
     n = w.shape[0]
     assert w.shape[1] == k and w.stride(1) == 1, "gemv: x [M, K], w [N, K] with unit stride along K"
     assert (x.dtype == w.dtype) == (fp8 is None), "gemv: w of x's dtype, or e4m3 with its scales"
-    assert 1 <= m <= MAX_ROWS, f"gemv takes 1..{MAX_ROWS} rows, got {m}"
+    assert 1 <= m <= BLOCK_M, f"gemv takes 1..{BLOCK_M} rows, got {m}"
     config = config or (FP8_CONFIGS.get((n, k)) or default_config(n, k, 128, fp8.group) if fp8 else
                         CONFIGS.get((n, k)) or default_config(n, k))
     x = x if x.stride(1) == 1 else x.contiguous()
@@ -220,8 +228,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     _gemv_kernel[(tiles, split_k)](
         x, w, bias if bias is not None else out, out, partial, counters, m, n, k, k_per_split, split_k,
         x.stride(0), w.stride(0), HAS_BIAS=bias is not None, SPLIT=split,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=max(16, triton.next_power_of_2(m)),
-        BLOCK_N=config.block_n, BLOCK_K=block_k, s_ptr=scale if fp8 else out, stride_sn=stride_sn, stride_sk=stride_sk,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=BLOCK_M, BLOCK_N=config.block_n,
+        BLOCK_K=block_k, s_ptr=scale if fp8 else out, stride_sn=stride_sn, stride_sk=stride_sk,
         SCALE_ROWS=fp8.scale_rows if fp8 else 1, FP8=fp8 is not None, EMULATE=EMULATE, num_warps=config.num_warps,
         num_stages=config.num_stages)
     return out

@@ -19,7 +19,7 @@ from minisgl.layers.fp8 import FP8_DTYPE, Fp8Config, fp8_linear_torch, narrow_sc
 
 if TRITON_AVAILABLE:
     from minisgl.kernels.fp8 import fp8_gemm
-    from minisgl.kernels.gemv import FP8_GEMV_MAX_M, gemv, use_gemv
+    from minisgl.kernels.gemv import BLOCK_M, gemv, use_gemv
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -32,11 +32,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, config: Fp8Config,
                bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x W^T (+ b) for e4m3 W: on a GPU the split-K GEMV up to FP8_GEMV_MAX_M rows (a weight read), else the
-    FP8 GEMM; elsewhere their torch reference. On an H100 (benchmarks/fp8.py) qwen3-8b's four projections
-    took 3.3 ms per decode step in the GEMV at 8 rows and 5.1-5.2 ms in the GEMM at 16-64 rows."""
+    """x W^T (+ b) for e4m3 W: on a GPU the split-K GEMV up to its 16 rows, else the FP8 GEMM; elsewhere
+    their torch reference. On an H100 (benchmarks/fp8.py, tuned tables) qwen3-8b's four projections took
+    3.2 ms per decode step in the GEMV at 16 rows and 4.5 ms in the GEMM."""
     if use_triton(x) and x.dim() == 2:
-        if x.shape[0] <= FP8_GEMV_MAX_M:
+        if x.shape[0] <= BLOCK_M:
             return gemv(x, weight, bias, scale=scale, fp8=config)
         return fp8_gemm(x, weight, scale, config, bias)
     return fp8_linear_torch(x, weight, scale, config, bias)

@@ -66,9 +66,10 @@ def test_fp8_gemm_small(scales, m, block_n):
 @pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
 @pytest.mark.parametrize("split_k", [1, 4, None], ids=["whole", "split4", "default"])
 @pytest.mark.parametrize("scales", list(SMALL))
-@pytest.mark.parametrize("m", [1, 3, 8, 20, 40])
+@pytest.mark.parametrize("m", [1, 3, 8])
 def test_fp8_gemv_small(scales, m, split_k):
-    """Rows padded to tiles of 16, 32 (M = 20) and 64 (M = 40); 16-row tiles inside 16-row weight blocks."""
+    """Explicit 16-row tiles sit in one 16-row weight block (one weight scale a step); the default's
+    128-row tiles span several (a scale per row)."""
     config = GemvConfig(block_n=16, block_k=32, split_k=split_k) if split_k else None
     check_linear(gemv_fp8(config), m, 50, 300, SMALL[scales], bias=m == 3)
 
