@@ -75,12 +75,15 @@ def test_fp8_gemv_small(scales, m, split_k):
 
 
 @pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
+@pytest.mark.parametrize("block_n", [16, 32], ids=["tile_in_block", "tile_over_blocks"])
 @pytest.mark.parametrize("scales", list(SMALL))
 @pytest.mark.parametrize("tokens", [1, 9])
-def test_fp8_fused_experts_small(scales, tokens):
-    """8 experts, top 2, hidden 64, intermediate 48 (not a multiple of the 32-column group)."""
-    check_experts(tokens, 8, 2, 64, 48, SMALL[scales], MoEConfig(block_m=16, block_n=16, block_k=32, group_m=1,
-                                                                  num_warps=4, num_stages=1))
+def test_fp8_fused_experts_small(scales, tokens, block_n):
+    """8 experts, top 2, hidden 64, intermediate 48 (not a multiple of the 32-column group). With 16-row
+    blocks a 16-column tile takes one weight scale per group, a 32-column one (past N = 48: wrapped) one
+    per column."""
+    check_experts(tokens, 8, 2, 64, 48, SMALL[scales], MoEConfig(block_m=16, block_n=block_n, block_k=32,
+                                                                  group_m=1, num_warps=4, num_stages=1))
 
 
 def check_experts(tokens: int, experts: int, top_k: int, hidden: int, inter: int, config: Fp8Config,
