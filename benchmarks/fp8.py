@@ -1,32 +1,41 @@
-"""FP8 weights against bf16 at qwen3-8b's projections (TP 1): the decode GEMV and the prefill GEMM.
+"""FP8 weights against bf16 at qwen3-8b's projections (TP 1), each through the engine's own dispatch.
 
-    python benchmarks/fp8.py            # us per call: bf16 (the engine's path: gemv or F.linear) vs FP8
-    python benchmarks/fp8.py --sweep    # also FP8 GEMV candidates per shape; prints rows for gemv.FP8_CONFIGS
+    python benchmarks/fp8.py                   # us per call: bf16 (gemv or F.linear) vs FP8 (GEMV or GEMM)
+    python benchmarks/fp8.py --sweep           # first tune: FP8 GEMV candidates per shape (M = 1 and 8) and
+                                               # FP8 GEMM tiles per shape and M (SWEEP_GEMM_M); prints rows
+    python benchmarks/fp8.py --sweep --write   # ... and rewrites gemv.FP8_CONFIGS and fp8.FP8_GEMM_CONFIGS
 
-Timed as benchmarks/gemv.py times (CUDA-graph replay, the weight cycled through copies so that each call
-reads it from HBM). Block-scaled weights (128 x 128), as Qwen/Qwen3-8B-FP8. The FP8 GEMM's time includes
-its activation-quantization launch.
+The sweep's winners replace the tables in memory before the comparison runs, so its figures are the
+tuned ones. Timed as benchmarks/gemv.py times (CUDA-graph replay, the weight cycled through copies so
+that each call reads it from HBM). Block-scaled weights (128 x 128), as Qwen/Qwen3-8B-FP8. The FP8 GEMM's
+time includes its activation-quantization launch. At 16 rows, the most that FP8 layers send to the GEMV, the
+GEMM's time is printed too (the reason for the routing).
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import re
+from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import triton
 from gemv import ROTATE_BYTES, shapes
 from ops import MODELS, time_per_call
 from triton.runtime.errors import OutOfResources
 
-from minisgl.kernels.fp8 import fp8_gemm
-from minisgl.kernels.gemv import CONFIGS, FP8_CONFIGS, GemvConfig, default_config, gemv, use_gemv
+from minisgl.kernels import fp8 as fp8_kernels
+from minisgl.kernels import gemv as gemv_kernels
+from minisgl.kernels.fp8 import FP8_GEMM_CONFIGS, Fp8GemmConfig, fp8_gemm, pick_config
+from minisgl.kernels.gemv import BLOCK_M, FP8_CONFIGS, GemvConfig, default_config, gemv
 from minisgl.layers.fp8 import Fp8Config, quantize_weight
+from minisgl.layers.linear import fp8_linear, linear
 
 BLOCK = Fp8Config(block=(128, 128))
-DECODE_M = (1, 8)
-PREFILL_M = (16, 64, 256, 1024, 4096)
+ROWS = (1, 8, 16, 64, 128, 256, 1024, 4096)
+SWEEP_GEMV_M = (1, 8)
+SWEEP_GEMM_M = (128, 256, 4096)  # table rows: each serves the batches up to it (the last, all above)
 
 
 def rotated(weight: torch.Tensor) -> tuple[itertools.cycle, int]:
@@ -35,7 +44,7 @@ def rotated(weight: torch.Tensor) -> tuple[itertools.cycle, int]:
     return itertools.cycle([weight.clone() for _ in range(copies)]), max(copies, 10)
 
 
-def fp8_candidates(n: int, k: int) -> list[GemvConfig]:
+def gemv_candidates(n: int, k: int) -> list[GemvConfig]:
     """Tiles of 32-256 rows x one 128-column group, K split so that there are 128-1024 programs."""
     found = {default_config(n, k, 128, 128)}
     for block_n, split_k, (warps, stages) in itertools.product((32, 64, 128, 256), (1, 2, 4, 8, 16),
@@ -46,57 +55,106 @@ def fp8_candidates(n: int, k: int) -> list[GemvConfig]:
     return sorted(found, key=repr)
 
 
+def gemm_candidates(m: int) -> list[Fp8GemmConfig]:
+    """Row tiles of 64 or 128 (not above M's power of two), 64-256 columns, 4 or 8 warps, 3 or 4 stages."""
+    found = {fp8_kernels.default_gemm_config(m)}
+    for block_m, block_n, warps, stages in itertools.product((64, 128), (64, 128, 256), (4, 8), (3, 4)):
+        if block_m <= max(64, triton.next_power_of_2(m)) and not (block_m * block_n >= 128 * 256 and warps == 4):
+            found.add(Fp8GemmConfig(block_m, block_n, 8, warps, stages))
+    return sorted(found, key=repr)
+
+
+def fastest(configs, time) -> tuple[float, object]:
+    """(time, config) of the fastest config that compiles."""
+    timed = []
+    for config in configs:
+        try:
+            timed.append((time(config), config))
+        except OutOfResources:
+            continue
+    return min(timed, key=lambda row: row[0])
+
+
+def rewrite_table(path: Path, name: str, rows: list[str]) -> None:
+    """Replace the body of the dict literal `NAME: ... = {...}` in a source file with `rows`."""
+    pattern = re.compile(rf"^({re.escape(name)}: [^\n]*= )\{{(?:\}}|\n.*?\n\}})$", re.M | re.S)
+    source = path.read_text()
+    assert pattern.search(source), f"{name} not found in {path}"
+    path.write_text(pattern.sub(lambda match: match.group(1) + "{\n" + "\n".join(rows) + "\n}", source, count=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--write", action="store_true", help="with --sweep: rewrite the tables in the sources")
     parser.add_argument("--replays", type=int, default=10)
+    parser.add_argument("--sweep-replays", type=int, default=2)
     args = parser.parse_args()
     dims = MODELS["qwen3-8b"]
     gen = torch.Generator(device="cuda").manual_seed(0)
-    print(f"{torch.cuda.get_device_name()}, qwen3-8b TP 1, us per call (CUDA graph replay, weights from HBM)")
-    step = {m: [0.0, 0.0] for m in DECODE_M + PREFILL_M}
-    rows = []
+    device = torch.cuda.get_device_name()
+    print(f"{device}, qwen3-8b TP 1, us per call (CUDA graph replay, weights from HBM)")
+    layers = {layer: nk for layer, nk in shapes(dims, 1).items() if layer != "lm_head"}  # bf16 in FP8 checkpoints
+    weights = {}
     with torch.inference_mode():
-        for layer, (n, k) in shapes(dims, 1).items():
-            if layer == "lm_head":  # bf16 in the FP8 checkpoints too
-                continue
+        for layer, (n, k) in layers.items():
             w = torch.randn(n, k, device="cuda", generator=gen).div_(k**0.5).bfloat16()
             wq, scale = quantize_weight(w, BLOCK)
+            weights[layer] = (w, wq, scale)
+        xs = {m: torch.randn(m, max(k for _, k in layers.values()), device="cuda", generator=gen).bfloat16()
+              for m in ROWS}
+        gemv_rows, gemm_rows = [], []
+        for layer, (n, k) in layers.items() if args.sweep else ():
+            _, wq, scale = weights[layer]
+            fp8, calls = rotated(wq)
+            times = {}
+
+            def gemv_time(config: GemvConfig) -> float:
+                times[config] = [time_per_call(lambda: gemv(xs[m][:, :k], next(fp8), None, config, scale=scale,
+                                                            fp8=BLOCK), calls, args.sweep_replays)
+                                 for m in SWEEP_GEMV_M]
+                return sum(times[config])
+
+            _, best = fastest(gemv_candidates(n, k), gemv_time)
+            FP8_CONFIGS[(n, k)] = best
+            gemv_rows.append(f"    # {device} qwen3-8b TP1 {layer}: M=1 {times[best][0]:.1f} us, "
+                             f"M=8 {times[best][1]:.1f} us\n    ({n}, {k}): {best!r},")
+            print(gemv_rows[-1], flush=True)
+            picks = []
+            for m in SWEEP_GEMM_M:
+                t, tiles = fastest(gemm_candidates(m), lambda tiles: time_per_call(
+                    lambda: fp8_gemm(xs[m][:, :k], next(fp8), scale, BLOCK, tiles=tiles), calls, args.sweep_replays))
+                picks.append((m, tiles))
+                gemm_rows.append(f"    # {device} qwen3-8b TP1 {layer} M={m}: {t:.1f} us")
+                print(gemm_rows[-1], tiles, flush=True)
+            FP8_GEMM_CONFIGS[(n, k)] = tuple(picks)
+            gemm_rows += [f"    ({n}, {k}): ("] + [f"        ({m}, {tiles!r})," for m, tiles in picks] + ["    ),"]
+        if args.sweep and args.write:
+            rewrite_table(Path(gemv_kernels.__file__), "FP8_CONFIGS", gemv_rows)
+            rewrite_table(Path(fp8_kernels.__file__), "FP8_GEMM_CONFIGS", gemm_rows)
+            print(f"rewrote FP8_CONFIGS in {gemv_kernels.__file__} and FP8_GEMM_CONFIGS in {fp8_kernels.__file__}")
+
+        step = {m: [0.0, 0.0, 0.0] for m in ROWS}  # bf16, FP8, FP8 GEMM where the GEMV serves FP8
+        for layer, (n, k) in layers.items():
+            w, wq, scale = weights[layer]
             bf16, calls = rotated(w)
             fp8, fp8_calls = rotated(wq)
-            for m in DECODE_M + PREFILL_M:
-                x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
-                t_bf16 = time_per_call(lambda: (gemv if use_gemv(m, n, k) else F.linear)(x, next(bf16)), calls,
-                                       args.replays)
-                if m in DECODE_M:
-                    t_fp8 = time_per_call(lambda: gemv(x, next(fp8), scale=scale, fp8=BLOCK), fp8_calls,
-                                          args.replays)
-                else:
-                    t_fp8 = time_per_call(lambda: fp8_gemm(x, next(fp8), scale, BLOCK), fp8_calls, args.replays)
-                step[m][0] += dims.layers * t_bf16
-                step[m][1] += dims.layers * t_fp8
+            for m in ROWS:
+                x = xs[m][:, :k]
+                t_bf16 = time_per_call(lambda: linear(x, next(bf16)), calls, args.replays)
+                t_fp8 = time_per_call(lambda: fp8_linear(x, next(fp8), scale, BLOCK), fp8_calls, args.replays)
+                t_gemm = time_per_call(lambda: fp8_gemm(x, next(fp8), scale, BLOCK), fp8_calls, args.replays) \
+                    if 16 <= m <= BLOCK_M else 0.0
+                for i, t in enumerate((t_bf16, t_fp8, t_gemm)):
+                    step[m][i] += dims.layers * t
+                kernel = "gemv" if m <= BLOCK_M else f"gemm {pick_config(m, n, k)}"
                 print(f"{layer:<8} {n:>6} {k:>6} M={m:<5} bf16 {t_bf16:>8.1f}  fp8 {t_fp8:>8.1f}  "
-                      f"{t_bf16 / t_fp8:.2f}x  fp8 GB/s {wq.nbytes / t_fp8 / 1e3:>5.0f}", flush=True)
-            if args.sweep:
-                timed, xs = [], [torch.randn(m, k, device="cuda", generator=gen).bfloat16() for m in DECODE_M]
-                for config in fp8_candidates(n, k):
-                    try:
-                        times = [time_per_call(lambda: gemv(x, next(fp8), None, config, scale=scale, fp8=BLOCK),
-                                               fp8_calls, args.replays) for x in xs]
-                    except OutOfResources:
-                        continue
-                    timed.append((sum(times), config, times))
-                _, best, times = min(timed, key=lambda row: row[0])
-                rows.append(f"    # qwen3-8b TP1 {layer}: M=1 {times[0]:.1f} us, M=8 {times[1]:.1f} us\n"
-                            f"    ({n}, {k}): {best!r},")
-                print(rows[-1], flush=True)
-    for m, (t_bf16, t_fp8) in step.items():
-        print(f"step (4 projections x {dims.layers} layers) M={m:<5} bf16 {t_bf16:>9.1f} us  fp8 {t_fp8:>9.1f} us  "
-              f"{t_bf16 / t_fp8:.2f}x", flush=True)
-    if rows:
-        print("\n== FP8_CONFIGS rows for minisgl/kernels/gemv.py (current: "
-              f"{len(FP8_CONFIGS)} rows; bf16 CONFIGS {len(CONFIGS)})")
-        print("\n".join(rows))
+                      f"{t_bf16 / t_fp8:.2f}x  fp8 GB/s {wq.nbytes / t_fp8 / 1e3:>5.0f}"
+                      + (f"  (gemm {t_gemm:.1f})" if t_gemm else "") + f"  [{kernel}]", flush=True)
+    print(f"\n{device}: step = 4 projections x {dims.layers} layers, us")
+    print("| M | bf16 | FP8 | bf16 / FP8 | FP8 GEMM instead of the GEMV |\n|---|---|---|---|---|")
+    for m, (t_bf16, t_fp8, t_gemm) in step.items():
+        print(f"| {m} | {t_bf16:,.0f} | {t_fp8:,.0f} | {t_bf16 / t_fp8:.2f}x | {f'{t_gemm:,.0f}' if t_gemm else ''} |")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import random
 import time
 
 import torch
-from offline import model_dir, w1, w3
+from offline import minisgl_generate, model_dir, w1, w3
 
 from minisgl import LLM, SamplingParams
 from minisgl.core import Req
@@ -73,16 +73,16 @@ def main() -> None:
     if args.workload == "w1":
         llm = LLM(model_dir(args.config), max_running_requests=256, **common)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            print(w1(llm))
+            print(w1(minisgl_generate(llm)))
         top_kernels(prof, 1, args.top)
         return
     if args.workload == "w3":
         llm = LLM(model_dir(args.config), **common)
-        w3(llm)  # warm-up: compiles, captures, caches
+        w3(minisgl_generate(llm))  # warm-up: compiles, captures, caches
         host = cProfile.Profile()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             host.enable()
-            print(w3(llm))
+            print(w3(minisgl_generate(llm)))
             host.disable()
         top_kernels(prof, 1, args.top)
         pstats.Stats(host).sort_stats("tottime").print_stats(args.top)

@@ -8,7 +8,9 @@ scale and the weight block's scale. `minisgl.layers.fp8.fp8_linear_torch` is the
 the experts quantize their activation tile per row in registers (few rows, no extra launch); the GEMM
 quantizes x once in a launch of its own, as each of its many column tiles would otherwise redo it and
 the rounding, not the tensor cores, would bound it (on an H100, qwen3-8b FP8 W1 went from 4,103 to
-7,070 tok/s with this change and the GEMV's larger tiles).
+7,070 tok/s with this change and the GEMV's larger tiles). The GEMM's tiles come from measured tables
+(FP8_GEMM_CONFIGS); with them and its one multiply-add of scaling per element, W1 reached bf16's 7,646
+tok/s (7,625) on the same H100.
 
 Under TRITON_INTERPRET=1 (the CPU tests) the e4m3 rounding is done in float32 arithmetic and the dot
 in float32: the interpreter's own float32 -> e4m3 cast mis-rounds values just below a power of two
@@ -65,7 +67,7 @@ def dot_e4m3(a, b, EMULATE: tl.constexpr):
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, q_ptr, s_ptr, M, K, groups, stride_xm, ROWS: tl.constexpr, GROUP: tl.constexpr,
+def _quantize_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, ROWS: tl.constexpr, GROUP: tl.constexpr,
                      EMULATE: tl.constexpr):
     """One group of ROWS rows of x: their e4m3 values (float32 when emulated) and scales."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -75,27 +77,34 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, M, K, groups, stride_xm, ROWS: tl.cons
     x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + k[None, :], mask=inside, other=0.0)
     q, scale = quantize_tile(x, 1, EMULATE)
     tl.store(q_ptr + rows[:, None].to(tl.int64) * K + k[None, :], q, mask=inside)
-    tl.store(s_ptr + rows * groups + g, scale, mask=rows < M)
+    tl.store(s_ptr + g * M + rows, scale, mask=rows < M)
 
 
 def quantize_activation(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (e4m3 values [M, K], float32 scales [M, ceil(K / group)]), per token and group."""
+    """x [M, K] -> (e4m3 values [M, K], float32 scales [ceil(K / group), M]), per token and group. The
+    scales are stored group-major, so that the GEMM reads a tile's rows of one group contiguously."""
     m, k = x.shape
     groups = triton.cdiv(k, group)
     q = torch.empty(m, k, dtype=torch.float32 if EMULATE else torch.float8_e4m3fn, device=x.device)
-    scale = torch.empty(m, groups, dtype=torch.float32, device=x.device)
+    scale = torch.empty(groups, m, dtype=torch.float32, device=x.device)
     if m:
-        _quantize_kernel[(triton.cdiv(m, 16), groups)](x, q, scale, m, k, groups, x.stride(0), ROWS=16, GROUP=group,
+        _quantize_kernel[(triton.cdiv(m, 16), groups)](x, q, scale, m, k, x.stride(0), ROWS=16, GROUP=group,
                                                        EMULATE=EMULATE)
     return q, scale
 
 
 @triton.jit
-def _fp8_gemm_kernel(x_ptr, sx_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, M, N, K, groups, stride_wn, stride_sn,
-                     stride_sk, SCALE_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, EMULATE: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, GROUP_M: tl.constexpr):
-    """One [BLOCK_M, BLOCK_N] tile of y = x W^T from quantized x [M, K] and its scales [M, groups], K
-    walked one scale group at a time."""
+def _fp8_gemm_kernel(x_ptr, sx_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, M, N, K, stride_wn, stride_sn, stride_sk,
+                     SCALE_ROWS: tl.constexpr, SCALE_ALONG_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     EMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
+                     GROUP_M: tl.constexpr):
+    """One [BLOCK_M, BLOCK_N] tile of y = x W^T from quantized x [M, K] and its scales [groups, M], K
+    walked one scale group at a time.
+
+    The float32 product of each group leaves the tensor cores to be scaled, so the scaling is kept to one
+    multiply-add per element: where the tile's rows share one weight block (SCALE_ROWS a multiple of
+    BLOCK_N, as 128 x 128 blocks with 64- or 128-row tiles) the weight scale is a scalar folded into the
+    rows' activation scales; per-channel weight scales (not SCALE_ALONG_K) are applied once, after the loop."""
     pid = tl.program_id(0)  # consecutive programs share GROUP_M row tiles, so that W's tiles stay in L2
     blocks_m, blocks_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     first_m = pid // (GROUP_M * blocks_n) * GROUP_M
@@ -108,16 +117,24 @@ def _fp8_gemm_kernel(x_ptr, sx_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, M, N, K, gr
     x_ptrs = x_ptr + m[:, None].to(tl.int64) * K + kk[None, :]
     w_ptrs = w_ptr + n[None, :].to(tl.int64) * stride_wn + kk[:, None]  # W^T: [GROUP, BLOCK_N]
     s_ptrs = s_ptr + (n // SCALE_ROWS) * stride_sn
+    tile_scale = s_ptr + (pid_n * BLOCK_N // SCALE_ROWS) * stride_sn  # the tile's one block row of scales
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for g in range(0, tl.cdiv(K, GROUP)):
         in_k = kk < K - g * GROUP
         x = tl.load(x_ptrs, mask=(m[:, None] < M) & in_k[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=in_k[:, None] & (n[None, :] < N), other=0.0)
-        sw = tl.load(s_ptrs + g * stride_sk, mask=n < N, other=0.0)
-        sx = tl.load(sx_ptr + m * groups + g, mask=m < M, other=0.0)
-        acc += dot_e4m3(x, w, EMULATE) * sx[:, None] * sw[None, :]
+        sx = tl.load(sx_ptr + g * M + m, mask=m < M, other=0.0)
+        if not SCALE_ALONG_K:
+            acc += dot_e4m3(x, w, EMULATE) * sx[:, None]
+        elif SCALE_ROWS % BLOCK_N == 0:
+            acc += dot_e4m3(x, w, EMULATE) * (sx * tl.load(tile_scale + g * stride_sk))[:, None]
+        else:
+            sw = tl.load(s_ptrs + g * stride_sk, mask=n < N, other=0.0)
+            acc += dot_e4m3(x, w, EMULATE) * sx[:, None] * sw[None, :]
         x_ptrs += GROUP
         w_ptrs += GROUP
+    if not SCALE_ALONG_K:
+        acc *= tl.load(s_ptrs, mask=n < N, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + m[:, None] * N + n[None, :], acc.to(out_ptr.dtype.element_ty),
@@ -133,11 +150,58 @@ class Fp8GemmConfig:
     num_stages: int = 3
 
 
-def pick_config(m: int) -> Fp8GemmConfig:
-    """Tiles by batch size: small batches take short row tiles so that more programs share the weight read."""
+# (N, K) -> ((largest M, tiles), ...) in ascending M; the last row serves every larger M. Rows from
+# `python benchmarks/fp8.py --sweep --write` (which rewrites this table); shapes without rows take
+# default_gemm_config.
+FP8_GEMM_CONFIGS: dict[tuple[int, int], tuple[tuple[int, Fp8GemmConfig], ...]] = {
+    # NVIDIA H100 80GB HBM3 qwen3-8b TP1 qkv M=128: 20.2 us
+    # NVIDIA H100 80GB HBM3 qwen3-8b TP1 qkv M=256: 22.5 us
+    # NVIDIA H100 80GB HBM3 qwen3-8b TP1 qkv M=4096: 296.5 us
+    (6144, 4096): (
+        (128, Fp8GemmConfig(block_m=64, block_n=64, group_m=8, num_warps=4, num_stages=4)),
+        (256, Fp8GemmConfig(block_m=64, block_n=64, group_m=8, num_warps=4, num_stages=3)),
+        (4096, Fp8GemmConfig(block_m=64, block_n=128, group_m=8, num_warps=8, num_stages=3)),
+    ),
+    # NVIDIA H100 80GB HBM3 qwen3-8b TP1 o M=128: 18.6 us
+    # NVIDIA H100 80GB HBM3 qwen3-8b TP1 o M=256: 19.6 us
+    # NVIDIA H100 80GB HBM3 qwen3-8b TP1 o M=4096: 211.8 us
+    (4096, 4096): (
+        (128, Fp8GemmConfig(block_m=64, block_n=64, group_m=8, num_warps=4, num_stages=4)),
+        (256, Fp8GemmConfig(block_m=64, block_n=64, group_m=8, num_warps=4, num_stages=4)),
+        (4096, Fp8GemmConfig(block_m=64, block_n=128, group_m=8, num_warps=8, num_stages=3)),
+    ),
+    # NVIDIA H100 80GB HBM3 qwen3-8b TP1 gate_up M=128: 51.8 us
+    # NVIDIA H100 80GB HBM3 qwen3-8b TP1 gate_up M=256: 74.6 us
+    # NVIDIA H100 80GB HBM3 qwen3-8b TP1 gate_up M=4096: 1118.7 us
+    (24576, 4096): (
+        (128, Fp8GemmConfig(block_m=64, block_n=64, group_m=8, num_warps=4, num_stages=4)),
+        (256, Fp8GemmConfig(block_m=128, block_n=64, group_m=8, num_warps=8, num_stages=4)),
+        (4096, Fp8GemmConfig(block_m=64, block_n=128, group_m=8, num_warps=8, num_stages=3)),
+    ),
+    # NVIDIA H100 80GB HBM3 qwen3-8b TP1 down M=128: 51.9 us
+    # NVIDIA H100 80GB HBM3 qwen3-8b TP1 down M=256: 55.7 us
+    # NVIDIA H100 80GB HBM3 qwen3-8b TP1 down M=4096: 604.0 us
+    (4096, 12288): (
+        (128, Fp8GemmConfig(block_m=64, block_n=64, group_m=8, num_warps=4, num_stages=3)),
+        (256, Fp8GemmConfig(block_m=64, block_n=64, group_m=8, num_warps=4, num_stages=4)),
+        (4096, Fp8GemmConfig(block_m=64, block_n=128, group_m=8, num_warps=8, num_stages=3)),
+    ),
+}
+
+
+def default_gemm_config(m: int) -> Fp8GemmConfig:
+    """Small batches take short row tiles so that more programs share the weight read."""
     if m <= 64:
         return Fp8GemmConfig(block_m=64, block_n=128, num_stages=4)
     return Fp8GemmConfig(block_m=128, block_n=128, num_warps=8, num_stages=4)
+
+
+def pick_config(m: int, n: int, k: int) -> Fp8GemmConfig:
+    """The measured tiles of the smallest M row at or above m (the largest row beyond), else the default."""
+    rows = FP8_GEMM_CONFIGS.get((n, k))
+    if not rows:
+        return default_gemm_config(m)
+    return next((tiles for max_m, tiles in rows if m <= max_m), rows[-1][1])
 
 
 def scale_strides(scale: torch.Tensor, config: Fp8Config) -> tuple[int, int]:
@@ -152,13 +216,14 @@ def fp8_gemm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, config: Fp8C
     n = w.shape[0]
     assert w.shape[1] == k and w.stride(1) == 1, "fp8_gemm: x [M, K], w [N, K] with unit stride along K"
     x = x if x.stride(1) == 1 else x.contiguous()
-    tiles = tiles or pick_config(m)
+    tiles = tiles or pick_config(m, n, k)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     xq, sx = quantize_activation(x, config.group)
     stride_sn, stride_sk = scale_strides(scale, config)
     grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n),)
-    _fp8_gemm_kernel[grid](xq, sx, w, scale, bias if bias is not None else out, out, m, n, k, sx.shape[1],
-                           w.stride(0), stride_sn, stride_sk, SCALE_ROWS=config.scale_rows, HAS_BIAS=bias is not None,
-                           EMULATE=EMULATE, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, GROUP=config.group,
-                           GROUP_M=tiles.group_m, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+    _fp8_gemm_kernel[grid](xq, sx, w, scale, bias if bias is not None else out, out, m, n, k, w.stride(0),
+                           stride_sn, stride_sk, SCALE_ROWS=config.scale_rows, SCALE_ALONG_K=config.block is not None,
+                           HAS_BIAS=bias is not None, EMULATE=EMULATE, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+                           GROUP=config.group, GROUP_M=tiles.group_m, num_warps=tiles.num_warps,
+                           num_stages=tiles.num_stages)
     return out

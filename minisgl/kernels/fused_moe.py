@@ -186,13 +186,15 @@ def _expert_gemm_kernel(a_ptr, b_ptr, c_ptr, sorted_ptr, block_expert_ptr, num_p
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                         GATED: tl.constexpr, WEIGHTED: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
                         s_ptr, stride_se, stride_sn, stride_sk, SCALE_ROWS: tl.constexpr, FP8: tl.constexpr,
-                        EMULATE: tl.constexpr):
+                        TILE_SCALE: tl.constexpr, EMULATE: tl.constexpr):
     """C[pair, :N] = A[pair // rows_per_token] @ B[expert].T for one [BLOCK_M, BLOCK_N] tile of sorted pairs.
 
     GATED: B holds gate rows then up rows (N each) and C = silu(gate) * up. WEIGHTED: C is scaled by the
     pair's routing weight. Padding rows (index num_pairs) are neither read nor written. PRECISION is
     "ieee" for float32 inputs, as torch's own matmul (no TF32). FP8: B is e4m3 with scales at s_ptr
-    [E, rows / SCALE_ROWS, K / BLOCK_K] and BLOCK_K is the scale group.
+    [E, rows / SCALE_ROWS, K / BLOCK_K] and BLOCK_K is the scale group; TILE_SCALE: the tile's gate rows
+    (and its up rows) lie in one weight block, so each group's weight scale is one number, folded into the
+    rows' activation scales (one multiply-add per element, as in the FP8 GEMM).
     """
     # Consecutive programs share a group of GROUP_M row blocks so that their weight tiles stay in L2.
     pid = tl.program_id(0)
@@ -216,7 +218,10 @@ def _expert_gemm_kernel(a_ptr, b_ptr, c_ptr, sorted_ptr, block_expert_ptr, num_p
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if GATED:
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if FP8:
+    if FP8 and TILE_SCALE:  # columns that wrap past N take a wrong scale here, but are not stored
+        s_ptrs = s_ptr + expert * stride_se + pid_n * BLOCK_N // SCALE_ROWS * stride_sn
+        s_up_ptrs = s_ptr + expert * stride_se + (pid_n * BLOCK_N + N) // SCALE_ROWS * stride_sn
+    elif FP8:
         s_ptrs = s_ptr + expert * stride_se + (offs_n % N) // SCALE_ROWS * stride_sn
         s_up_ptrs = s_ptr + expert * stride_se + (offs_n % N + N) // SCALE_ROWS * stride_sn
     for k in range(0, tl.cdiv(K, BLOCK_K)):
@@ -231,7 +236,12 @@ def _expert_gemm_kernel(a_ptr, b_ptr, c_ptr, sorted_ptr, block_expert_ptr, num_p
             b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
             if GATED:
                 b_up = tl.load(b_ptrs + N * stride_bn, mask=k_ok[:, None], other=0.0)
-        if FP8:
+        if FP8 and TILE_SCALE:
+            aq, sa = quantize_tile(a, 1, EMULATE)
+            acc += dot_e4m3(aq, b, EMULATE) * (sa * tl.load(s_ptrs + k * stride_sk))[:, None]
+            if GATED:
+                acc_up += dot_e4m3(aq, b_up, EMULATE) * (sa * tl.load(s_up_ptrs + k * stride_sk))[:, None]
+        elif FP8:
             aq, sa = quantize_tile(a, 1, EMULATE)
             acc += dot_e4m3(aq, b, EMULATE) * sa[:, None] * tl.load(s_ptrs + k * stride_sk)[None, :]
             if GATED:
@@ -322,6 +332,8 @@ def expert_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, aligned: tu
     stride_sn, stride_sk = scale_strides(scale, fp8) if fp8 else (0, 0)
     n, k = out.shape[1], b.shape[2]
     gated = b.shape[1] == 2 * n
+    tile_scale = fp8 is not None and fp8.block is not None and fp8.scale_rows % config.block_n == 0 and \
+        n % fp8.scale_rows == 0
     blocks_m = block_expert.numel()
     grid = (blocks_m * triton.cdiv(n, config.block_n),)
     _expert_gemm_kernel[grid](
@@ -331,7 +343,8 @@ def expert_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, aligned: tu
         BLOCK_K=config.block_k, GROUP_M=config.group_m, GATED=gated, WEIGHTED=weights is not None,
         EVEN_K=k % config.block_k == 0, PRECISION="ieee" if a.dtype == torch.float32 else None,
         s_ptr=scale if fp8 else out, stride_se=scale.stride(0) if fp8 else 0, stride_sn=stride_sn,
-        stride_sk=stride_sk, SCALE_ROWS=fp8.scale_rows if fp8 else 1, FP8=fp8 is not None, EMULATE=EMULATE,
+        stride_sk=stride_sk, SCALE_ROWS=fp8.scale_rows if fp8 else 1, FP8=fp8 is not None, TILE_SCALE=tile_scale,
+        EMULATE=EMULATE,
         num_warps=config.num_warps, num_stages=config.num_stages)
 
 

@@ -33,9 +33,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, config: Fp8Config,
                bias: torch.Tensor | None = None) -> torch.Tensor:
     """x W^T (+ b) for e4m3 W: on a GPU the split-K GEMV up to its 16 rows, else the FP8 GEMM; elsewhere
-    their torch reference. On an H100 (benchmarks/fp8.py) qwen3-8b's four projections took 3.3 ms per decode
-    step in the GEMV at 8 rows (its 16-row tile is as fast at 9 to 16: the same weight read) and 5.1 ms in
-    the GEMM at 16 rows."""
+    their torch reference. On an H100 (benchmarks/fp8.py, tuned tables) qwen3-8b's four projections took
+    3.2 ms per decode step in the GEMV at 16 rows and 4.5 ms in the GEMM."""
     if use_triton(x) and x.dim() == 2:
         if x.shape[0] <= BLOCK_M:
             return gemv(x, weight, bias, scale=scale, fp8=config)

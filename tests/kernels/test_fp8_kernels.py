@@ -53,11 +53,13 @@ def gemv_fp8(config: GemvConfig | None):
 
 
 @pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
+@pytest.mark.parametrize("block_n", [16, 32], ids=["tile_in_block", "tile_over_blocks"])
 @pytest.mark.parametrize("scales", list(SMALL))
 @pytest.mark.parametrize("m", [1, 5, 40])
-def test_fp8_gemm_small(scales, m):
-    """N = 50 and K = 300: tails in both, a partial last scale group, two row tiles at M = 40."""
-    tiles = Fp8GemmConfig(block_m=32, block_n=16)
+def test_fp8_gemm_small(scales, m, block_n):
+    """N = 50 and K = 300: tails in both, a partial last scale group, two row tiles at M = 40. With 16-row
+    blocks a 16-column tile takes one weight scale per group, a 32-column one a scale per column."""
+    tiles = Fp8GemmConfig(block_m=32, block_n=block_n)
     check_linear(lambda x, w, s, c, b: fp8_gemm(x, w, s, c, b, tiles), m, 50, 300, SMALL[scales], bias=m == 5)
 
 
@@ -66,17 +68,22 @@ def test_fp8_gemm_small(scales, m):
 @pytest.mark.parametrize("scales", list(SMALL))
 @pytest.mark.parametrize("m", [1, 3, 8])
 def test_fp8_gemv_small(scales, m, split_k):
+    """Explicit 16-row tiles sit in one 16-row weight block (one weight scale a step); the default's
+    128-row tiles span several (a scale per row)."""
     config = GemvConfig(block_n=16, block_k=32, split_k=split_k) if split_k else None
     check_linear(gemv_fp8(config), m, 50, 300, SMALL[scales], bias=m == 3)
 
 
 @pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
+@pytest.mark.parametrize("block_n", [16, 32], ids=["tile_in_block", "tile_over_blocks"])
 @pytest.mark.parametrize("scales", list(SMALL))
 @pytest.mark.parametrize("tokens", [1, 9])
-def test_fp8_fused_experts_small(scales, tokens):
-    """8 experts, top 2, hidden 64, intermediate 48 (not a multiple of the 32-column group)."""
-    check_experts(tokens, 8, 2, 64, 48, SMALL[scales], MoEConfig(block_m=16, block_n=16, block_k=32, group_m=1,
-                                                                  num_warps=4, num_stages=1))
+def test_fp8_fused_experts_small(scales, tokens, block_n):
+    """8 experts, top 2, hidden 64, intermediate 48 (not a multiple of the 32-column group). With 16-row
+    blocks a 16-column tile takes one weight scale per group, a 32-column one (past N = 48: wrapped) one
+    per column."""
+    check_experts(tokens, 8, 2, 64, 48, SMALL[scales], MoEConfig(block_m=16, block_n=block_n, block_k=32,
+                                                                  group_m=1, num_warps=4, num_stages=1))
 
 
 def check_experts(tokens: int, experts: int, top_k: int, hidden: int, inter: int, config: Fp8Config,
