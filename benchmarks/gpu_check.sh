@@ -10,7 +10,7 @@
 # BENCH_TIMEOUT=S bounds each benchmark (default 420 s).
 # READY_MODEL=NAME also starts a server on .bench_models/NAME.json (dummy weights) and logs its time to ready.
 # TESTS=subset (default: the fast-path subset, under 4 minutes on one H200) | all | none.
-# Carry .bench_models (a copy of ../shared/models) for benchmarks and .whl (prepare-wheels.sh, plus xgrammar,
+# Carry .bench_models (model config.json files, dummy weights) for benchmarks and .whl (prepare-wheels.sh, plus xgrammar,
 # apache-tvm-ffi and jsonschema for structured outputs) for the
 # server packages; TP=2 runs need two GPUs.
 set -uo pipefail

@@ -1,6 +1,6 @@
-"""The standard offline workloads of shared/bench/WORKLOADS.md, with random (dummy) weights.
+"""The standard offline workloads (defined in docs/benchmarks.md), with random (dummy) weights.
 
-    python benchmarks/offline.py --config ../shared/models/qwen3-0.6b.json --workload w1 [--attn torch]
+    python benchmarks/offline.py --config .bench_models/qwen3-0.6b.json --workload w1 [--attn torch]
 
 Workloads: w1 (throughput), w2 (batch-1 decode latency), w3 / w3-nocache (shared prefix, radix or
 naive cache), steps (decode step time at batch 1/8/32/128/256 over 512-token contexts).
@@ -97,7 +97,7 @@ WORKLOADS: dict[str, Callable[[Generate], dict]] = {"w1": w1, "w2": w2, "w3": w3
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="a model config.json (e.g. ../shared/models/*.json)")
+    parser.add_argument("--config", required=True, help="a model config.json (e.g. a Hugging Face model's config.json)")
     parser.add_argument("--workload", choices=["w1", "w2", "w3", "w3-nocache", "steps"], required=True)
     parser.add_argument("--attn", default="auto", help="auto | torch | triton | PREFILL,DECODE")
     parser.add_argument("--dtype", default="bfloat16")

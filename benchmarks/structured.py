@@ -1,7 +1,7 @@
 """The cost of structured decoding under W1-style load: output tok/s with and without a JSON schema.
 
-    python benchmarks/structured.py --config ../shared/models/qwen3-0.6b.json
-    python benchmarks/structured.py --config ../shared/models/qwen3-0.6b.json --host-only [--rows 256]
+    python benchmarks/structured.py --config .bench_models/qwen3-0.6b.json
+    python benchmarks/structured.py --config .bench_models/qwen3-0.6b.json --host-only [--rows 256]
 
 W1's 256 prompts (100-1024 random tokens) and output budgets (100-1024 tokens), temperature 0.6, dummy weights,
 run twice: free, then every request constrained by one JSON schema (an object holding a list of strings, so
@@ -132,7 +132,7 @@ def host_only(config_path: str, rows: int, steps: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="a model config.json (e.g. ../shared/models/*.json)")
+    parser.add_argument("--config", required=True, help="a model config.json (e.g. a Hugging Face model's config.json)")
     parser.add_argument("--host-only", action="store_true", help="time the host side of a constrained step alone")
     parser.add_argument("--rows", type=int, default=256, help="--host-only: requests in the batch")
     parser.add_argument("--steps", type=int, default=200, help="--host-only: steps timed")

@@ -177,8 +177,9 @@ class Scheduler:
         """Launch the next batch, then read the previous one (overlap) or this one (no overlap); returns the
         batch launched.
 
-        A batch with prefill tokens is not a CUDA-graph replay: enqueuing its forward pass costs the host
-        far more than the device needs (24 ms for qwen3-0.6b on an H100, whatever the tokens), so reading the
+        A batch with prefill tokens is not a whole-graph replay: enqueuing its forward pass (piecewise graphs
+        around eager attention, or all eager above their largest bucket) still costs the host several
+        milliseconds (3.6-4.9 ms for qwen3-0.6b on an H100 with the pieces, 22 ms eager), so reading the
         previous step after it holds that step's tokens for the whole launch. When that step sampled some
         request's first token, TTFT matters more than the overlap: the batch is built, the previous step
         read first, and the batch launched at the start of the next tick, after the caller has sent those
@@ -230,11 +231,11 @@ class Scheduler:
         while a prompt needs about `len / budget` steps to its first token, so a smaller budget raises TTFT
         in bursts. `max_prefill_tokens` (--max-num-batched-tokens) is that budget, decodes included; decodes
         are never dropped to respect it, so a step exceeds it only when more requests decode than it holds.
-        A step without prefill tokens is a pure decode and replays a CUDA graph; one with prefill tokens runs
-        eagerly, and enqueuing it costs the host ~24 ms on qwen3-0.6b whatever its size, which bounds the
-        decode tail from below. Hence the server's default of 8192 (vLLM's for its API server; offline
-        benchmarks use 16384): measured on an H100, 2048 and 4096 raised TTFT by up to 40% and lowered the ITL
-        p99 only at 256 streams (docs/benchmarks.md, 2026-11-25)."""
+        A step without prefill tokens is a pure decode and replays a CUDA graph; one with prefill tokens
+        replays piecewise graphs around eager attention (engine/piecewise_graph.py). Hence the server's default
+        of 8192 (vLLM's for its API server; offline benchmarks use 16384): measured on an H100 with the pieces,
+        2048 and 4096 lowered the ITL p99 only at 256 streams (96 -> 61 / 79 ms on qwen3-0.6b) and raised its
+        TTFT p99 1.5-2.1x and cut its throughput by 11-20% (docs/benchmarks.md, 2026-11-25)."""
         reqs, lens = self._decodes()
         self._fill(reqs, lens, self.max_prefill_tokens - len(reqs))
         if not reqs:
