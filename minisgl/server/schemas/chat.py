@@ -14,14 +14,14 @@ from minisgl.server.parsers.tools import ToolCall
 from minisgl.server.schemas.logprobs import ChatLogprobs, PromptLogprobs
 from minisgl.server.schemas.sampling import HiddenStatesOption, SamplingFields, VllmExtras
 from minisgl.server.schemas.types import (
+    AnswerChoice,
+    Choice,
     Choices,
     FirstPromptIds,
     HiddenStates,
     LogprobCount,
-    MatchedStop,
     NewIds,
     NonEmptyText,
-    OutputIds,
     PromptIds,
     StrictRequest,
     Text,
@@ -239,14 +239,8 @@ class ChatResponseMessage(BaseModel):
     reasoning: str | None = Field(None, exclude_if=omitted, description="vLLM's name for reasoning_content")
 
 
-class ChatChoice(BaseModel):
-    index: int
+class ChatChoice(AnswerChoice[ChatLogprobs]):
     message: ChatResponseMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-    token_ids: OutputIds = None
-    matched_stop: MatchedStop = None
-    hidden_states: HiddenStates = None
 
 
 class ChatCompletionResponse(Choices[ChatChoice]):
@@ -280,11 +274,8 @@ class DeltaMessage(BaseModel):
     hidden_states: HiddenStates = None
 
 
-class ChatChunkChoice(BaseModel):
-    index: int
+class ChatChunkChoice(Choice[ChatLogprobs]):
     delta: DeltaMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
     token_ids: NewIds = None
 
 

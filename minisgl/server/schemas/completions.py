@@ -4,19 +4,17 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from minisgl.server.schemas.logprobs import CompletionLogprobs, PromptLogprobs
 from minisgl.server.schemas.sampling import HiddenStatesOption, SamplingFields, VllmExtras
 from minisgl.server.schemas.types import (
+    AnswerChoice,
     Choices,
     FirstPromptIds,
-    HiddenStates,
     LogprobCount,
-    MatchedStop,
     NewIds,
     NonEmptyText,
-    OutputIds,
     PromptIds,
     TokenId,
     Usage,
@@ -46,19 +44,13 @@ class CompletionRequest(SamplingFields, VllmExtras, HiddenStatesOption):
         return [p] if isinstance(p, str) or isinstance(p[0], int) else p
 
 
-class CompletionChoice(BaseModel):
+class CompletionChoice(AnswerChoice[CompletionLogprobs]):
     """A choice of the whole answer: `token_ids` and `prompt_token_ids` always there (null unless asked for), as
     vLLM answers (its clients test for the keys)."""
 
-    index: int
-    text: str
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: str | None = None
-    token_ids: OutputIds = None  # also without a tokenizer (--skip-tokenizer-init), standing for the text
+    text: str  # empty without a tokenizer (--skip-tokenizer-init): token_ids, given then too, stand for it
     prompt_token_ids: PromptIds = None
     prompt_logprobs: PromptLogprobs | None = Field(None, description="vLLM's prompt_logprobs (when asked for)")
-    matched_stop: MatchedStop = None
-    hidden_states: HiddenStates = None
 
 
 class CompletionResponse(Choices[CompletionChoice]):

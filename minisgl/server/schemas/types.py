@@ -121,6 +121,27 @@ class Usage(BaseModel):
         return self.prompt_tokens_details.cached_tokens
 
 
+LogprobsT = TypeVar("LogprobsT", bound=BaseModel)
+
+
+class Choice(BaseModel, Generic[LogprobsT]):
+    """What every choice of chat's and text completions' answers and chunks holds besides its output (a message,
+    a delta, a text: the subclass's field, after these); LogprobsT is the API's logprobs payload."""
+
+    index: int
+    logprobs: LogprobsT | None = None
+    finish_reason: str | None = None
+
+
+class AnswerChoice(Choice[LogprobsT], Generic[LogprobsT]):
+    """A choice of a whole answer: `token_ids` always there (null unless asked for), as vLLM answers (its
+    clients test for the key), and SGLang's extensions."""
+
+    token_ids: OutputIds = None
+    matched_stop: MatchedStop = None
+    hidden_states: HiddenStates = None
+
+
 ChoiceT = TypeVar("ChoiceT", bound=BaseModel)
 
 
