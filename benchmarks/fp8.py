@@ -29,8 +29,9 @@ from minisgl.kernels import fp8 as fp8_kernels
 from minisgl.kernels import gemv as gemv_kernels
 from minisgl.kernels.fp8 import FP8_GEMM_CONFIGS, Fp8GemmConfig, fp8_gemm, pick_config
 from minisgl.kernels.gemv import BLOCK_M, FP8_CONFIGS, GemvConfig, default_config, gemv
-from minisgl.layers.fp8 import Fp8Config, quantize_weight
+from minisgl.layers.fp8 import quantize_weight
 from minisgl.layers.linear import fp8_linear, linear
+from minisgl.quantization import Fp8Config
 
 BLOCK = Fp8Config(block=(128, 128))
 ROWS = (1, 8, 16, 64, 128, 256, 1024, 4096)

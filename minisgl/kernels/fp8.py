@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
-if TYPE_CHECKING:  # minisgl.layers imports this module
-    from minisgl.layers.fp8 import Fp8Config
+from minisgl.quantization import Fp8Config
 
 EMULATE = os.environ.get("TRITON_INTERPRET") == "1"
 

@@ -19,16 +19,13 @@ set to the scale group: each program quantizes its activation tile per row in re
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
 from minisgl.kernels.fp8 import EMULATE, dot_e4m3, quantize_tile, scale_strides
-
-if TYPE_CHECKING:
-    from minisgl.layers.fp8 import Fp8Config
+from minisgl.quantization import Fp8Config
 
 # Align: up to PAIRS_PER_PROGRAM pairs (decode batches) are sorted by a single program in one launch;
 # more are counted, then placed, by up to MAX_ALIGN_PROGRAMS programs. A program takes its pairs a chunk

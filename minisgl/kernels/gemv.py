@@ -28,16 +28,13 @@ qwen3-8b's projections took 3.2 ms a decode step here at 16 rows against 4.5 ms 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
 from minisgl.kernels.fp8 import EMULATE, dot_e4m3, quantize_tile, scale_strides
-
-if TYPE_CHECKING:
-    from minisgl.layers.fp8 import Fp8Config
+from minisgl.quantization import Fp8Config
 
 BLOCK_M = 16  # rows of x per program; one compiled kernel serves every M up to it
 GEMV_MAX_M = 8  # the largest decode batch routed here (the CUDA-graph buckets 1, 2, 4, 8)

@@ -15,7 +15,8 @@ from torch import nn
 
 from minisgl.distributed import TPGroup
 from minisgl.kernels import TRITON_AVAILABLE, use_triton
-from minisgl.layers.fp8 import FP8_DTYPE, Fp8Config, fp8_linear_torch, narrow_scale
+from minisgl.layers.fp8 import FP8_DTYPE, fp8_linear_torch, narrow_scale
+from minisgl.quantization import Fp8Config
 
 if TRITON_AVAILABLE:
     from minisgl.kernels.fp8 import fp8_gemm

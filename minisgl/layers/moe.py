@@ -15,8 +15,9 @@ from torch import nn
 
 from minisgl.distributed import TPGroup
 from minisgl.layers.activation import silu_and_mul
-from minisgl.layers.fp8 import FP8_DTYPE, Fp8Config, fp8_linear_torch, narrow_scale
+from minisgl.layers.fp8 import FP8_DTYPE, fp8_linear_torch, narrow_scale
 from minisgl.layers.linear import check_shape
+from minisgl.quantization import Fp8Config
 
 try:
     from minisgl.kernels.fused_moe import fused_experts, route_fused

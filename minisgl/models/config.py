@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from minisgl.layers.fp8 import Fp8Config
+from minisgl.quantization import Fp8Config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -24,9 +24,9 @@ from minisgl.layers import (
     VocabParallelEmbedding,
     silu_and_mul,
 )
-from minisgl.layers.fp8 import Fp8Config
 from minisgl.layers.moe import SparseMoE
 from minisgl.models.config import ModelConfig
+from minisgl.quantization import Fp8Config
 
 # attend(layer_id, q [T, heads, D], k [T, kv_heads, D], v) -> [T, heads * D]; stores k/v in the KV pool.
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

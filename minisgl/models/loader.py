@@ -22,9 +22,10 @@ import torch
 from safetensors import safe_open
 
 from minisgl.distributed import TPGroup
-from minisgl.layers.fp8 import FP8_DTYPE, Fp8Config, quantize_weight
+from minisgl.layers.fp8 import FP8_DTYPE, quantize_weight
 from minisgl.models.config import DTYPES, ModelConfig
 from minisgl.models.decoder import CausalLM
+from minisgl.quantization import Fp8Config
 
 
 class ModelLoadError(ValueError):

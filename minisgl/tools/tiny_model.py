@@ -29,7 +29,8 @@ from transformers import (
     Qwen3MoeConfig,
 )
 
-from minisgl.layers.fp8 import Fp8Config, quantize_weight
+from minisgl.layers.fp8 import quantize_weight
+from minisgl.quantization import Fp8Config
 
 ARCHS: dict[str, type[PretrainedConfig]] = {
     "llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config, "qwen3_moe": Qwen3MoeConfig,

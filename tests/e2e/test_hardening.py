@@ -354,23 +354,27 @@ def test_shutdown_timeout_is_a_hard_bound(model):
     srv = Server(model, "--shutdown-timeout", "1")
     stream_body = {"model": "tiny", "prompt": "on and on", "max_tokens": 2000, "ignore_eos": True, "stream": True}
     crowd = {"model": "tiny", "prompt": [[5, 6, 7]] * 16, "n": 16, "max_tokens": 2000, "ignore_eos": True}
-    result: dict = {}
+    events: list[str] = []
+    streaming = threading.Event()  # the stream request itself runs: it has sent its first event
 
     def stream() -> None:
         with httpx.stream("POST", f"{srv.url}/v1/completions", json=stream_body, timeout=120) as resp:
-            result["events"] = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+            for line in resp.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    streaming.set()
 
     thread = threading.Thread(target=stream)
     thread.start()
+    assert streaming.wait(timeout=30)
     whole = concurrent.futures.ThreadPoolExecutor(1).submit(
         httpx.post, f"{srv.url}/v1/completions", json=crowd, timeout=120)
     deadline = time.monotonic() + 30
-    while srv.info()["scheduler"]["num_running"] < 2:
+    while sum(srv.info()["scheduler"][k] for k in ("num_running", "num_waiting")) < 1 + 16:  # all 16 crowd seqs in
         assert time.monotonic() < deadline
         time.sleep(0.02)
     srv.proc.send_signal(signal.SIGTERM)
     thread.join(timeout=60)
-    events = result["events"]
     assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["type"] == "service_unavailable"
     assert all(json.loads(e)["choices"][0]["finish_reason"] is None for e in events[:-2])  # cut short, not finished
     resp = whole.result()

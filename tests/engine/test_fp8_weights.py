@@ -26,8 +26,9 @@ from safetensors.torch import load_file, save_file
 import minisgl.layers.fp8 as fp8
 from minisgl import LLM, SamplingParams
 from minisgl.distributed import TPGroup
-from minisgl.layers.fp8 import FP8_DTYPE, Fp8Config, dequantize_weight
+from minisgl.layers.fp8 import FP8_DTYPE, dequantize_weight
 from minisgl.models.loader import ModelLoadError, load_model
+from minisgl.quantization import Fp8Config
 from minisgl.tools.tiny_model import make_tiny_model
 
 DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")

@@ -8,7 +8,7 @@ from kernels.test_fp8_kernels import BLOCK128, GPU_SHAPES, check_experts, check_
 
 from minisgl.kernels.fp8 import Fp8GemmConfig, fp8_gemm
 from minisgl.kernels.gemv import BLOCK_M
-from minisgl.layers.fp8 import Fp8Config
+from minisgl.quantization import Fp8Config
 
 
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)

@@ -16,8 +16,9 @@ import torch
 from minisgl.kernels.fp8 import Fp8GemmConfig, fp8_gemm
 from minisgl.kernels.fused_moe import MoEConfig, fused_experts
 from minisgl.kernels.gemv import GemvConfig, gemv
-from minisgl.layers.fp8 import Fp8Config, fp8_linear_torch, quantize_weight
+from minisgl.layers.fp8 import fp8_linear_torch, quantize_weight
 from minisgl.layers.moe import experts_torch, route
+from minisgl.quantization import Fp8Config
 
 DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
 ON_GPU = DEVICE == "cuda"

@@ -40,8 +40,9 @@ RESPONSES = {200: {"model": ResponseObject, "content": {"text/event-stream": {"s
     "links": STORED_LINKS}, **error_responses(400, 401, 404, 413, 500, 503)}
 
 
-def response_store(conn: HTTPConnection) -> ResponseStore:
-    """FastAPI dependency: the app's store of responses (api.py makes it)."""
+async def response_store(conn: HTTPConnection) -> ResponseStore:
+    """FastAPI dependency: the app's store of responses (api.py makes it). Async for the reason server_state is:
+    FastAPI runs a plain function on a worker thread."""
     return conn.app.state.responses
 
 
