@@ -1,4 +1,4 @@
-"""The tensor-parallel group: who we are, and the three collectives the model and scheduler use.
+"""The tensor-parallel group: who we are, and the collectives the model, engine and scheduler use.
 
 It is passed explicitly to every layer that needs it (no global state). At size 1 every collective
 is a no-op, so TP = 1 runs the same code without initialising torch.distributed.
@@ -55,6 +55,14 @@ class TPGroup:
         parts = [torch.empty_like(x) for _ in range(self.size)]
         dist.all_gather(parts, x.contiguous(), group=self.device_group)
         return torch.cat(parts, dim=-1)
+
+    def agree(self, value: int, op: dist.ReduceOp) -> int:
+        """One host integer every rank ends up with (e.g. the MIN of each rank's KV pages), over the CPU group."""
+        if self.size == 1:
+            return value
+        box = torch.tensor([value])
+        dist.all_reduce(box, op=op, group=self.cpu_group)
+        return int(box.item())
 
     def broadcast_objects(self, objs: list[Any] | None) -> list[Any]:
         """Rank 0's list of picklable objects, delivered to every rank."""

@@ -162,12 +162,8 @@ class Engine:
             return None
 
     def _any_rank(self, flag: bool) -> bool:
-        """Whether `flag` holds on any tensor-parallel rank (on the CPU group)."""
-        if self.tp.size == 1:
-            return flag
-        box = torch.tensor([int(flag)])
-        dist.all_reduce(box, op=dist.ReduceOp.MAX, group=self.tp.cpu_group)
-        return bool(box.item())
+        """Whether `flag` holds on any tensor-parallel rank."""
+        return bool(self.tp.agree(int(flag), dist.ReduceOp.MAX))
 
     def close(self) -> None:
         """Leave the tensor-parallel group, after the CUDA graphs: destroying an NCCL communicator waits
@@ -189,10 +185,7 @@ class Engine:
         else:
             budget = CPU_KV_BUDGET
         pages = int(budget // (per_token * self.args.page_size))
-        if self.tp.size > 1:
-            box = torch.tensor([pages])
-            dist.all_reduce(box, op=dist.ReduceOp.MIN, group=self.tp.cpu_group)
-            pages = int(box.item())
+        pages = self.tp.agree(pages, dist.ReduceOp.MIN)
         if pages < 1:
             raise RuntimeError(f"no memory left for the KV cache (budget {budget / 2**30:.2f} GiB); "
                                f"raise memory_ratio or set num_pages")
