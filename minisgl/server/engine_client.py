@@ -17,6 +17,7 @@ import logging
 import pickle
 import time
 from contextlib import aclosing
+from dataclasses import replace
 from typing import AsyncIterator
 
 import zmq
@@ -81,13 +82,11 @@ def merged(outs: list[TextOutput]) -> TextOutput:
     was scheduled)."""
     if len(outs) == 1:
         return outs[0]
-    last = outs[-1]
-    return TextOutput(last.rid, "".join(o.text for o in outs), [i for o in outs for i in o.new_ids],
-                      [e for o in outs for e in o.logprobs], last.finish_reason, last.prompt_tokens, last.cached_tokens,
-                      last.error, last.matched_stop,
-                      next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None),
-                      next((o.scheduled_at for o in outs if o.scheduled_at is not None), None),
-                      next((o.hidden_state for o in reversed(outs) if o.hidden_state is not None), None))
+    return replace(outs[-1], text="".join(o.text for o in outs), new_ids=[i for o in outs for i in o.new_ids],
+                   logprobs=[e for o in outs for e in o.logprobs],
+                   prompt_logprobs=next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None),
+                   scheduled_at=next((o.scheduled_at for o in outs if o.scheduled_at is not None), None),
+                   hidden_state=next((o.hidden_state for o in reversed(outs) if o.hidden_state is not None), None))
 
 
 class EngineClient:
