@@ -211,6 +211,8 @@ def test_root_path_and_api_key_from_vllm_env(behind_proxy, prefix):
     models = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer abc-123"})
     assert models.status_code == 200 and models.json()["data"][0]["id"] == "demo"
     assert httpx.get(f"{url}/health").status_code == 200
+    wrong = httpx.put(f"{url}/v1/responses/resp_1", headers={"Authorization": "Bearer abc-123"})
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "DELETE, GET"  # both routes at the path
 
 
 def test_request_id_headers(behind_proxy, demo):

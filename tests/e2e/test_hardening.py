@@ -210,6 +210,9 @@ def test_405_says_which_methods_are_allowed(server):
     resp = httpx.put(f"{server.url}/v1/completions", headers=AUTH)
     assert resp.status_code == 405 and resp.headers["allow"] == "POST"
     assert resp.json()["error"]["message"]
+    # GET and DELETE of a stored response are two routes: Allow names both, not only the first route's method
+    resp = httpx.put(f"{server.url}/v1/responses/resp_1", headers=AUTH)
+    assert resp.status_code == 405 and resp.headers["allow"] == "DELETE, GET"
 
 
 def test_openapi_declares_what_the_server_answers(server):
@@ -226,6 +229,7 @@ def test_openapi_declares_what_the_server_answers(server):
     operation_ids = [operation["operationId"] for operations in schema["paths"].values()
                      for operation in operations.values()]
     assert len(operation_ids) == len(set(operation_ids))
+    assert "Duplicate Operation ID" not in server.output()  # FastAPI's own ids are unique, not renamed afterwards
     for path, operations in schema["paths"].items():  # a fault in any handler, a body too large for any POST
         for method, operation in operations.items():
             for status in ("500", "413") if method == "post" else ("500",):
