@@ -22,12 +22,15 @@ from minisgl.server.state import ServerState, server_state
 router = APIRouter()
 
 
-# What a created response's id opens (openapi.json's links: a client, or a fuzzer, follows them to the stored one).
+# What a created response's id opens (openapi.json's links: a client, or a fuzzer, follows them to the stored one),
+# and the next turn of its conversation.
 STORED_LINKS = {name: {"operationId": operation, "parameters": {"response_id": "$response.body#/id"}}
                 for name, operation in (("get", "get_response_v1_responses__response_id__get"),
                                         ("delete", "delete_response_v1_responses__response_id__delete"),
                                         ("cancel", "cancel_response_v1_responses__response_id__cancel_post"),
                                         ("input_items", "input_items_v1_responses__response_id__input_items_get"))}
+STORED_LINKS["continue"] = {"operationId": "responses_v1_responses_post",
+                            "requestBody": {"previous_response_id": "$response.body#/id"}}
 # A streamed turn's events: `event:` is the data's `type`; the lifecycle events (response.created, .in_progress,
 # .completed, .incomplete, .failed) carry the response object as it stands.
 EVENT = {"type": "object", "required": ["type", "sequence_number"], "properties": {
