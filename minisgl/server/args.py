@@ -146,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "eagerly; 0 turns them off (default: 8192)")
     engine.add_argument("--disable-piecewise-cuda-graph", action="store_true",
                         help="--piecewise-cuda-graph-max-tokens 0")
+    accepted(engine, "--enable-piecewise-cuda-graph", by="SGLang's",
+             does="piecewise CUDA graphs are on unless --disable-piecewise-cuda-graph")
     engine.add_argument("--disable-overlap-schedule", "--no-async-scheduling", action="store_true",
                         help="run each step to completion before scheduling the next (overlap is on by default; "
                              "vLLM calls it async scheduling)")
