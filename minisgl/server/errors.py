@@ -114,7 +114,7 @@ def allowed_methods(request: Request) -> str:
     Starlette names only the first such route's, one method where a path's methods are separate routes (GET and
     DELETE /v1/responses/{id})."""
     return ", ".join(sorted({method for route in request.app.state.routes
-                             if route.matches(request.scope)[0] is not Match.NONE for method in route.methods}))
+                             if route.matches(request.scope)[0] is not Match.NONE for method in route.methods or ()}))
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -22,15 +22,15 @@ from minisgl.server.state import ServerState, server_state
 router = APIRouter()
 
 
-# What a created response's id opens (openapi.json's links: a client, or a fuzzer, follows them to the stored one),
+# What a created response's id opens (openapi.json's links: a client, or a fuzzer, follows them): its stored routes,
 # and the next turn of its conversation.
-STORED_LINKS = {name: {"operationId": operation, "parameters": {"response_id": "$response.body#/id"}}
-                for name, operation in (("get", "get_response_v1_responses__response_id__get"),
-                                        ("delete", "delete_response_v1_responses__response_id__delete"),
-                                        ("cancel", "cancel_response_v1_responses__response_id__cancel_post"),
-                                        ("input_items", "input_items_v1_responses__response_id__input_items_get"))}
-STORED_LINKS["continue"] = {"operationId": "responses_v1_responses_post",
-                            "requestBody": {"previous_response_id": "$response.body#/id"}}
+LINKS = {**{name: {"operationId": operation, "parameters": {"response_id": "$response.body#/id"}}
+            for name, operation in (("get", "get_response_v1_responses__response_id__get"),
+                                    ("delete", "delete_response_v1_responses__response_id__delete"),
+                                    ("cancel", "cancel_response_v1_responses__response_id__cancel_post"),
+                                    ("input_items", "input_items_v1_responses__response_id__input_items_get"))},
+         "continue": {"operationId": "responses_v1_responses_post",
+                      "requestBody": {"previous_response_id": "$response.body#/id"}}}
 # A streamed turn's events: `event:` is the data's `type`; the lifecycle events (response.created, .in_progress,
 # .completed, .incomplete, .failed) carry the response object as it stands.
 EVENT = {"type": "object", "required": ["type", "sequence_number"], "properties": {
@@ -40,7 +40,7 @@ RESPONSES = {200: {"model": ResponseObject, "content": {"text/event-stream": {"s
     "type": "object", "required": ["event", "data"], "description": "named events (event: response.created ... "
     "response.completed)", "properties": {"event": {"type": "string"}, "data": {
         "type": "string", "contentMediaType": "application/json", "contentSchema": EVENT}}}}},
-    "links": STORED_LINKS}, **error_responses(400, 401, 404, 413, 500, 503)}
+    "links": LINKS}, **error_responses(400, 401, 404, 413, 500, 503)}
 
 
 async def response_store(conn: HTTPConnection) -> ResponseStore:
