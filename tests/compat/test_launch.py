@@ -1,8 +1,9 @@
-"""Launch flags as vLLM's and SGLang's users spell them, metrics under vLLM's names, and a context
-longer than the model's refused at start-up."""
+"""Launch flags as vLLM's and SGLang's users spell them (and as the docs name them), metrics under vLLM's names,
+and a context longer than the model's refused at start-up."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import re
@@ -210,6 +211,13 @@ def test_the_flags_the_docs_name_are_the_servers():
     documented = documented_flags()
     assert {"--demo", "--model-path", "--max-num-seqs", "--tokenizer-path", "--trust-remote-code"} <= documented
     assert set(dashed(sorted(documented))) - taken == set()  # --max_model_len is --max-model-len, as vLLM has it
+
+
+def test_readme_names_every_parameter_of_the_offline_llm():
+    """README's `LLM(...)` example lists each of its parameters, and no other."""
+    text = (ROOT / "README.md").read_text()
+    example = text[text.index('llm = LLM("'):text.index("outs = llm.generate")]
+    assert set(re.findall(r"(\w+)=", example)) == set(inspect.signature(minisgl.LLM).parameters) - {"model"}
 
 
 def test_flags_spelled_with_underscores():
