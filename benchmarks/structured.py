@@ -36,6 +36,7 @@ from transformers import PreTrainedTokenizerFast
 from minisgl import LLM, SamplingParams
 from minisgl.constrained import Grammars
 from minisgl.core import Constraint
+from minisgl.tokenizer import TokenizerSource
 
 SCHEMA = {"type": "object", "properties": {"title": {"type": "string"},
                                            "notes": {"type": "array", "items": {"type": "string"}}},
@@ -101,7 +102,7 @@ def host_only(config_path: str, rows: int, steps: int) -> None:
     path = model_dir(config_path)
     config = json.loads((Path(path) / "config.json").read_text())
     eos = config["eos_token_id"] if isinstance(config["eos_token_id"], list) else [config["eos_token_id"]]
-    grammars = Grammars(path, config["vocab_size"], eos)
+    grammars = Grammars(TokenizerSource(path), config["vocab_size"], eos)
     schema = Constraint("json_schema", json.dumps(SCHEMA))
     rids = list(range(rows))
     for rid in rids:

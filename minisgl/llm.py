@@ -26,7 +26,6 @@ from minisgl.engine.config import EngineArgs
 from minisgl.messages import AddReq, Shutdown
 from minisgl.scheduler.follower import Followers
 from minisgl.scheduler.rank import build_scheduler
-from minisgl.tokenizer import load_tokenizer
 
 
 @dataclass
@@ -45,10 +44,12 @@ class LLM:
                  max_prefill_tokens: int = 8192, cache_type: str = "radix", num_pages: int | None = None,
                  max_running_requests: int = 256, attention_backend: str = "auto", max_seq_len: int | None = None,
                  memory_ratio: float = 0.9, dummy_weights: bool = False, cuda_graph_max_bs: int = 256,
-                 overlap_schedule: bool = True, kv_cache_dtype: str = "auto", quantization: str | None = None):
+                 overlap_schedule: bool = True, kv_cache_dtype: str = "auto", quantization: str | None = None,
+                 tokenizer: str | None = None, trust_remote_code: bool = False):
         args = EngineArgs(str(model), device, dtype, tp_size, page_size, max_prefill_tokens, cache_type, num_pages,
                           max_running_requests, attention_backend, max_seq_len, memory_ratio, dummy_weights,
-                          cuda_graph_max_bs, overlap_schedule, kv_cache_dtype, quantization)
+                          cuda_graph_max_bs, overlap_schedule, kv_cache_dtype, quantization,
+                          tokenizer=tokenizer, trust_remote_code=trust_remote_code)
         port = free_port()
         self._closed = True  # until built: nothing to shut down
         self._followers = Followers(tp_size, port, args)
@@ -61,7 +62,7 @@ class LLM:
             self._followers.stop()
             leave_tp_group()
             raise
-        self.tokenizer = load_tokenizer(self.engine.model_path)
+        self.tokenizer = args.tokenizer_source(self.engine.model_path).load()
         self._rids = count()
         self._seeds = random.Random()  # seeds for requests that give none; drawn here, shared by all ranks
         self._closed = False

@@ -8,8 +8,8 @@ or vLLM's names, that xgrammar cannot follow; two grammars at once), continue_fi
 add_generation_prompt, tools (a chat template that cannot show them, tool_choice naming a function not in
 tools or set without tools, no --tool-call-parser for auto), a Responses input without a message, a
 previous_response_id that is not stored (code previous_response_not_found), background without store or with
-stream,
-and the rules across fields (min_tokens <= max_tokens, and none with a grammar; /generate's
+stream, a stored response's cancel when it is not a background one (OpenAI's 400), its input_items `after` an
+item it does not hold, and the rules across fields (min_tokens <= max_tokens, and none with a grammar; /generate's
 min_new_tokens <= max_new_tokens; top_logprobs needs logprobs; prompt_logprobs_temperature needs prompt
 scoring; stream_options needs stream; truncation_side needs truncate_prompt_tokens; a chat has messages or
 vLLM's prompt_token_ids, not both, and the chat template's options only with messages), a thinking budget
@@ -21,8 +21,9 @@ that names its reason; any other 400 for schema-valid data fails the run.
 
 The fuzzer's own bound: a chat or a Responses turn that leaves its length out runs until the context is full,
 as OpenAI's and vLLM's do, and that takes a CPU longer than a fuzzed request may take. `before_call` sends every
-generating body with its length at most MAX_GENERATED; nothing else of the case changes, and the server under
-test keeps the model's whole context.
+generating body with its length at most MAX_GENERATED, and the server under test keeps the model's whole context.
+In the stateful phase a created response is also stored and not streamed: its links lead to the stored response
+by the id of the JSON answer, and a stream's events are no such answer. Nothing else of the case changes.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 import schemathesis
+from schemathesis.generation.meta import TestPhase
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 MAX_GENERATED = 16
@@ -44,7 +46,8 @@ REFUSALS_BY_PARAM = {"min_tokens", "sampling_params.min_new_tokens", "top_logpro
                      "guided_json", "guided_regex", "guided_choice", "guided_grammar", "sampling_params.json_schema",
                      "continue_final_message", "prompt_logprobs_temperature", "seed", "truncation_side",
                      "messages", "prompt_token_ids", "add_generation_prompt", "echo", "chat_template_kwargs",
-                     "background", "thinking_token_budget", "return_hidden_states"}
+                     "background", "thinking_token_budget", "return_hidden_states", "after"}
+CANCEL = "/v1/responses/{response_id}/cancel"  # refused (param response_id) for a response that is not background
 
 
 @schemathesis.check
@@ -53,7 +56,8 @@ def schema_valid_data_accepted(ctx, response, case):
         return positive_data_acceptance(ctx, response, case)
     except AssertionError:
         error = response.json().get("error", {}) if response.status_code == 400 else {}
-        if error.get("code") in REFUSALS_BY_CODE or error.get("param") in REFUSALS_BY_PARAM:
+        if error.get("code") in REFUSALS_BY_CODE or error.get("param") in REFUSALS_BY_PARAM or \
+                (case.operation.path == CANCEL and error.get("param") == "response_id"):
             return None
         raise
 
@@ -62,10 +66,14 @@ def schema_valid_data_accepted(ctx, response, case):
 def before_call(ctx, case, kwargs):
     """Bound the length of a generation (see the module's docstring): a length over MAX_GENERATED is lowered to
     it; where none is given (left out or null) the first length field is set to it; a value of the wrong type
-    stays as it is (it is what a negative case tests)."""
+    stays as it is (it is what a negative case tests). A created response in the stateful phase is stored and whole."""
     paths = LENGTHS.get(case.operation.path) if case.method == "POST" else None
     if not paths or not isinstance(case.body, dict):
         return
+    if case.operation.path == "/v1/responses" and case.meta is not None and case.meta.phase.name == TestPhase.STATEFUL:
+        for name, value in (("stream", False), ("store", True)):  # its links lead to it stored (see above)
+            if case.body.get(name) is (not value):
+                case.body[name] = value
     given = False
     for *parents, name in paths:
         holder = dig(case.body, parents)

@@ -27,6 +27,7 @@ import torch
 from minisgl.constrained.staging import MaskStaging
 from minisgl.core import Constraint
 from minisgl.kernels import use_triton
+from minisgl.tokenizer import TokenizerSource
 
 if TYPE_CHECKING:
     import xgrammar
@@ -108,22 +109,24 @@ class Grammars:
     """The scheduler's grammars: compilations under way, and one matcher per constrained request that
     was admitted and has not finished (running, or retracted and waiting again)."""
 
-    def __init__(self, tokenizer_path: str, vocab_size: int, eos_ids: list[int], device: str | torch.device = "cpu"):
+    def __init__(self, tokenizer: TokenizerSource, vocab_size: int, eos_ids: list[int],
+                 device: str | torch.device = "cpu"):
         self.vocab_size = vocab_size
         self.pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar")
         # The tokenizer loads in the pool too: the first constrained request pays for it, the loop never does.
-        self._compiler = self.pool.submit(self._make_compiler, tokenizer_path, vocab_size, eos_ids)
+        self._compiler = self.pool.submit(self._make_compiler, tokenizer, vocab_size, eos_ids)
         self.compiling: dict[int, Future] = {}  # rid -> compiled grammar, in arrival order
         self.matchers: dict[int, "xgrammar.GrammarMatcher"] = {}
         self._filler: "xgrammar.BatchGrammarMatcher | None" = None
         self._masks = MaskStaging(torch.device(device), (vocab_size + 31) // 32)
 
     @staticmethod
-    def _make_compiler(tokenizer_path: str, vocab_size: int, eos_ids: list[int]) -> "xgrammar.GrammarCompiler":
+    def _make_compiler(source: TokenizerSource, vocab_size: int, eos_ids: list[int]) -> "xgrammar.GrammarCompiler":
         import xgrammar as xgr
-        from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        tokenizer = source.load()
+        if tokenizer is None:
+            raise ValueError(f"structured outputs need a tokenizer, and {source.path} has none")
         # vocab_size is the model's (often padded past the tokenizer's): ids no text maps to stay masked.
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=list(eos_ids))
         return xgr.GrammarCompiler(info, max_threads=min(8, os.cpu_count() or 1))

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from minisgl.attention import BACKENDS
 from minisgl.kvcache.pool import KV_CACHE_DTYPES
+from minisgl.tokenizer import TokenizerSource
 
 
 @dataclass
@@ -30,6 +32,12 @@ class EngineArgs:
     # largest step with prefill tokens replayed from piecewise CUDA graphs (engine/piecewise_graph.py, which keeps
     # fewer where the device is the bottleneck anyway); 0 turns them off, as does cuda_graph_max_bs 0
     piecewise_graph_max_tokens: int = 8192
+    tokenizer: str | None = None  # a directory or Hub id; None: the model's own (the grammar compiler loads it)
+    trust_remote_code: bool = False  # the tokenizer may run its own code
+
+    def tokenizer_source(self, model_dir: str | Path) -> TokenizerSource:
+        """--tokenizer's tokenizer, else the one beside the weights in `model_dir` (the model, resolved)."""
+        return TokenizerSource(self.tokenizer or str(model_dir), self.trust_remote_code)
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, rule: str) -> None:

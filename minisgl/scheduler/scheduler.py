@@ -96,8 +96,8 @@ class Scheduler:
             self.waiting.append(req)
             return
         if self.grammars is None:
-            self.grammars = Grammars(str(self.engine.model_path), self.engine.config.vocab_size, sorted(self.eos_ids),
-                                     self.engine.device)
+            self.grammars = Grammars(self.engine.args.tokenizer_source(self.engine.model_path),
+                                     self.engine.config.vocab_size, sorted(self.eos_ids), self.engine.device)
         self.grammars.start(req.rid, constraint)
         self.compiling.append(req)
 

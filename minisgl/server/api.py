@@ -20,6 +20,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
+from starlette.routing import Route
 
 from minisgl.server.errors import DESCRIPTIONS, install_error_handlers
 from minisgl.server.middleware import OPEN_PATHS, ApiKeyCheck, BodySizeLimit, RequestIdHeader
@@ -29,7 +30,6 @@ from minisgl.server.routes.invocations import invocations_router
 from minisgl.server.schemas.chat import ChatCompletionChunk, ChatCompletionRequest
 from minisgl.server.schemas.completions import CompletionChunk, CompletionRequest
 from minisgl.server.schemas.generate import GenerateOutput
-from minisgl.server.schemas.responses import Deleted
 from minisgl.server.schemas.types import (
     HIDDEN_STATES_MARK,
     LOGPROBS_MARK,
@@ -56,10 +56,15 @@ def build_app(state: ServerState) -> FastAPI:
     app.state.server = state
     app.state.responses = ResponseStore(state.args.max_stored_responses)
     install_error_handlers(app)
-    for module in (chat, completions, responses, responses_ws, generate, tokenize, models, load, ops):
-        app.include_router(module.router)
-    app.include_router(invocations_router({"messages": (ChatCompletionRequest, chat.chat_completions),
-                                           "prompt": (CompletionRequest, completions.completions)}))
+    routers = [module.router for module in (chat, completions, responses, responses_ws, generate, tokenize, models,
+                                            load, ops)]
+    routers.append(invocations_router({"messages": (ChatCompletionRequest, chat.chat_completions),
+                                       "prompt": (CompletionRequest, completions.completions)}))
+    for router in routers:
+        app.include_router(router)
+    # every HTTP route, FastAPI's own (docs) and ours (not as included: FastAPI wraps those), for a 405's Allow
+    app.state.routes = [route for route in (*app.router.routes, *(r for router in routers for r in router.routes))
+                        if isinstance(route, Route)]
     app.add_middleware(BodySizeLimit, limit=state.args.max_request_bytes)
     if state.args.api_key:
         app.add_middleware(ApiKeyCheck, key=state.args.api_key)
@@ -70,7 +75,7 @@ def build_app(state: ServerState) -> FastAPI:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
             app.openapi_schema = describe_this_server(schema, state, [ChatCompletionChunk, CompletionChunk,
-                                                                      GenerateOutput, Deleted])
+                                                                      GenerateOutput])
         return app.openapi_schema
 
     app.openapi = openapi
@@ -78,16 +83,14 @@ def build_app(state: ServerState) -> FastAPI:
 
 
 def describe_this_server(schema: dict, state: ServerState, event_models: list[type[BaseModel]]) -> dict:
-    """Fit FastAPI's generated schema to what this server answers: operation ids are unique, errors are 400
-    (never FastAPI's 422), any route may answer 500 and any POST 413, `model` is the served model, token ids are
-    bounded by its vocabulary, logprob counts by --max-logprobs, the options this server was not started for (a
-    thinking budget, hidden states) are held to their off values, streamed chunks are described, and with
-    --api-key every route but the probes' declares the bearer key."""
+    """Fit FastAPI's generated schema to what this server answers: errors are 400 (never FastAPI's 422), any
+    route may answer 500 and any POST 413, `model` is the served model, token ids are bounded by its vocabulary,
+    logprob counts by --max-logprobs, the options this server was not started for (a thinking budget, hidden
+    states) are held to their off values, streamed chunks are described, and with --api-key every route but the
+    probes' declares the bearer key."""
     for path, operations in schema["paths"].items():
         for method, operation in operations.items():
             operation["responses"].pop("422", None)
-            if len(operations) > 1:  # one route serving several methods: FastAPI gives them all its first one's id
-                operation["operationId"] = f"{operation['operationId'].rsplit('_', 1)[0]}_{method}"
             # errors.py answers these on every route: a fault in any handler (500), any body over the limit (413)
             for status in (500, 413) if method == "post" else (500,):
                 operation["responses"].setdefault(str(status), {"description": DESCRIPTIONS[status], "content": {

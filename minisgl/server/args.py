@@ -92,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--quantization", "-q", choices=["fp8"], default=None,
                        help="fp8: quantize a bf16 checkpoint's linear layers and experts to FP8 (e4m3, one scale per "
                             "output channel) at load; FP8 checkpoints (block-scaled) need no flag")
+    model.add_argument("--tokenizer", "--tokenizer-path", dest="tokenizer",
+                       help="the tokenizer's directory or Hugging Face id, when it is not beside the weights (vLLM's "
+                            "and SGLang's spellings; default: --model's)")
+    model.add_argument("--trust-remote-code", action="store_true",
+                       help="let the tokenizer run its own Python code (tokenizer_config.json's auto_map); the "
+                            "model itself is always built from this package's own code")
     model.add_argument("--skip-tokenizer-init", action="store_true",
                        help="serve without a tokenizer: prompts and outputs are token ids (/v1/completions only)")
     model.add_argument("--demo", action="store_true",
@@ -140,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "eagerly; 0 turns them off (default: 8192)")
     engine.add_argument("--disable-piecewise-cuda-graph", action="store_true",
                         help="--piecewise-cuda-graph-max-tokens 0")
+    accepted(engine, "--enable-piecewise-cuda-graph", by="SGLang's",
+             does="piecewise CUDA graphs are on unless --disable-piecewise-cuda-graph")
     engine.add_argument("--disable-overlap-schedule", "--no-async-scheduling", action="store_true",
                         help="run each step to completion before scheduling the next (overlap is on by default; "
                              "vLLM calls it async scheduling)")
@@ -252,7 +260,7 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
             cuda_graph_max_bs=0 if a.enforce_eager else a.cuda_graph_max_bs,
             piecewise_graph_max_tokens=0 if a.disable_piecewise_cuda_graph else a.piecewise_cuda_graph_max_tokens,
             overlap_schedule=not a.disable_overlap_schedule, kv_cache_dtype=a.kv_cache_dtype,
-            quantization=a.quantization)
+            quantization=a.quantization, tokenizer=a.tokenizer, trust_remote_code=a.trust_remote_code)
     except ValueError as exc:
         parser.error(str(exc))
     return ServerArgs(engine, a.host, a.port, a.served_model_name or a.model, a.api_key, a.max_queued_requests,

@@ -16,19 +16,16 @@ from minisgl.core import TokenLogprob
 from minisgl.messages import AbortReq, Alternative, DetokRegister, LogprobEntry, Ready, ReqOutput, TextOutput
 from minisgl.server.detokenizer import IncrementalDetokenizer, token_text
 from minisgl.server.ipc import IpcPaths, become_child, freeze_startup_heap, inbox, outbox
+from minisgl.tokenizer import TokenizerSource
 
 logger = logging.getLogger("minisgl.detokenizer")
 
 
-def run_detokenizer(tokenizer_path: str | None, ipc: IpcPaths, log_level: str) -> None:
+def run_detokenizer(tokenizer: TokenizerSource | None, ipc: IpcPaths, log_level: str) -> None:
+    """The process's body; `tokenizer` is the api's own (launch.py), None with --skip-tokenizer-init."""
     become_child()
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s [detokenizer] %(levelname)s %(message)s")
-    tokenizer = None
-    if tokenizer_path is not None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-    detokenizer = Detokenizer(tokenizer, ipc)
+    detokenizer = Detokenizer(None if tokenizer is None else tokenizer.load(), ipc)
     freeze_startup_heap()
     detokenizer.run()
 

@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 logger = logging.getLogger("minisgl.api")
 
@@ -108,6 +109,14 @@ def invalid_request(errors: Sequence[Any]) -> ApiError:
     return ApiError(400, message, param=where[0] if where else None, code=kind)
 
 
+def allowed_methods(request: Request) -> str:
+    """A 405's `Allow`: the methods of every route at this path (`app.state.routes`, api.py keeps them).
+    Starlette names only the first such route's, one method where a path's methods are separate routes (GET and
+    DELETE /v1/responses/{id})."""
+    return ", ".join(sorted({method for route in request.app.state.routes
+                             if route.matches(request.scope)[0] is not Match.NONE for method in route.methods or ()}))
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def on_api_error(request: Request, exc: ApiError):
@@ -119,7 +128,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def on_http_error(request: Request, exc: HTTPException):
-        return error_response(ApiError(exc.status_code, str(exc.detail)), exc.headers)
+        headers = {**(exc.headers or {}), "Allow": allowed_methods(request)} if exc.status_code == 405 else exc.headers
+        return error_response(ApiError(exc.status_code, str(exc.detail)), headers)
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception):

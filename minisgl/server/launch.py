@@ -18,7 +18,6 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
 import uvicorn
 
@@ -32,7 +31,6 @@ from minisgl.server.detokenizer_worker import run_detokenizer
 from minisgl.server.ipc import IpcPaths, freeze_startup_heap
 from minisgl.server.scheduler_loop import run_scheduler
 from minisgl.server.state import ServerState
-from minisgl.tokenizer import load_tokenizer
 
 logger = logging.getLogger("minisgl")
 
@@ -102,9 +100,9 @@ def start_children(args: ServerArgs, ipc: IpcPaths) -> list[multiprocessing.Proc
     port, tp = free_port(), args.engine.tp_size
     children = [spawn.Process(target=run_scheduler, name=f"scheduler-{rank}", daemon=True,
                               args=(rank, tp, port, args.engine, ipc, args.log_level)) for rank in range(tp)]
-    tokenizer_path = None if args.skip_tokenizer_init else args.engine.model
+    tokenizer = None if args.skip_tokenizer_init else args.engine.tokenizer_source(args.engine.model)
     children.append(spawn.Process(target=run_detokenizer, name="detokenizer", daemon=True,
-                                  args=(tokenizer_path, ipc, args.log_level)))
+                                  args=(tokenizer, ipc, args.log_level)))
     for child in children:
         child.start()
     return children
@@ -151,10 +149,16 @@ def _serve(args: ServerArgs, life: Lifetime) -> int:
         return 2
     tokenizer = None
     if not args.skip_tokenizer_init:
-        tokenizer = load_tokenizer(Path(args.engine.model))
+        source = args.engine.tokenizer_source(args.engine.model)
+        try:
+            tokenizer = source.load()
+        except Exception as exc:  # no such directory or Hub id, its code not trusted...: say which and why
+            logger.error("the tokenizer %s could not be loaded: %s: %s", source.path, type(exc).__name__, exc)
+            return 2
         if tokenizer is None:
             logger.error("no tokenizer in %s: the server needs one (tokenizer.json / tokenizer_config.json beside "
-                         "config.json), or --skip-tokenizer-init to serve token ids only", args.engine.model)
+                         "config.json, or --tokenizer DIR), or --skip-tokenizer-init to serve token ids only",
+                         source.path)
             return 2
     ipc = IpcPaths.new()
     life.dirs.append(ipc.root)

@@ -1,14 +1,17 @@
-"""Launch flags as vLLM's and SGLang's users spell them, metrics under vLLM's names, and a context
-longer than the model's refused at start-up."""
+"""Launch flags as vLLM's and SGLang's users spell them (and as the docs name them), metrics under vLLM's names,
+and a context longer than the model's refused at start-up."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -19,7 +22,7 @@ from server_fixtures import Server
 
 import minisgl
 from minisgl.distributed import free_port
-from minisgl.server.args import parse_args
+from minisgl.server.args import build_parser, dashed, parse_args
 from minisgl.server.launch import DEMO_CONTEXT
 
 # vLLM's series (prometheus_client's parser reports counters without `_total`), as vLLM's V1 engine names
@@ -184,6 +187,39 @@ def test_dtype_and_tool_flags_as_vllm_spells_them():
         parse_args(["--demo", "--enable-auto-tool-choice"])
 
 
+ROOT = Path(__file__).resolve().parents[2]
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9._-]*[a-z0-9]")
+
+
+def documented_flags() -> set[str]:
+    """The server flags the docs name: in every `python -m minisgl ...` command of README.md and docs/, and in
+    every column of docs/compatibility.md's table of launch flags (bar the cells that say they are not taken)."""
+    flags = set()
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for command in re.findall(r"python -m minisgl (.*)", doc.read_text()):
+            flags |= set(FLAG.findall(command))
+    table = (ROOT / "docs" / "compatibility.md").read_text().split("## Launch flags under the peers' names")[1]
+    for line in table.split("\n## ")[0].splitlines():
+        flags |= {flag for cell in line.split("|") if "not taken" not in cell for flag in FLAG.findall(cell)}
+    return flags
+
+
+def test_the_flags_the_docs_name_are_the_servers():
+    """README's commands and the peers' launch flags in docs/compatibility.md: each one is a flag that
+    `python -m minisgl --help` lists (an unknown flag stops the server with a usage error)."""
+    taken = {flag for action in build_parser()._actions for flag in action.option_strings}
+    documented = documented_flags()
+    assert {"--demo", "--model-path", "--max-num-seqs", "--tokenizer-path", "--trust-remote-code"} <= documented
+    assert set(dashed(sorted(documented))) - taken == set()  # --max_model_len is --max-model-len, as vLLM has it
+
+
+def test_readme_names_every_parameter_of_the_offline_llm():
+    """README's `LLM(...)` example lists each of its parameters, and no other."""
+    section = (ROOT / "README.md").read_text().split("## Offline API")[1]
+    example = section[section.index("llm = LLM("):section.index("outs = llm.generate")]
+    assert set(re.findall(r"(\w+)=", example)) == set(inspect.signature(minisgl.LLM).parameters) - {"model"}
+
+
 def test_flags_spelled_with_underscores():
     """vLLM test_simple (Responses) starts its server with `--max_model_len 5000`: vLLM takes a flag's
     underscores as dashes, and so does minisgl (values keep theirs)."""
@@ -211,6 +247,8 @@ def test_root_path_and_api_key_from_vllm_env(behind_proxy, prefix):
     models = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer abc-123"})
     assert models.status_code == 200 and models.json()["data"][0]["id"] == "demo"
     assert httpx.get(f"{url}/health").status_code == 200
+    wrong = httpx.put(f"{url}/v1/responses/resp_1", headers={"Authorization": "Bearer abc-123"})
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "DELETE, GET"  # both routes at the path
 
 
 def test_request_id_headers(behind_proxy, demo):

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import jsonschema
@@ -210,6 +211,9 @@ def test_405_says_which_methods_are_allowed(server):
     resp = httpx.put(f"{server.url}/v1/completions", headers=AUTH)
     assert resp.status_code == 405 and resp.headers["allow"] == "POST"
     assert resp.json()["error"]["message"]
+    # GET and DELETE of a stored response are two routes: Allow names both, not only the first route's method
+    resp = httpx.put(f"{server.url}/v1/responses/resp_1", headers=AUTH)
+    assert resp.status_code == 405 and resp.headers["allow"] == "DELETE, GET"
 
 
 def test_openapi_declares_what_the_server_answers(server):
@@ -226,13 +230,14 @@ def test_openapi_declares_what_the_server_answers(server):
     operation_ids = [operation["operationId"] for operations in schema["paths"].values()
                      for operation in operations.values()]
     assert len(operation_ids) == len(set(operation_ids))
+    assert "Duplicate Operation ID" not in server.output()  # FastAPI's own ids are unique, not renamed afterwards
     for path, operations in schema["paths"].items():  # a fault in any handler, a body too large for any POST
         for method, operation in operations.items():
             for status in ("500", "413") if method == "post" else ("500",):
                 assert operation["responses"][status]["content"]["application/json"]["schema"] == error_ref, path
             for link in operation["responses"]["200"].get("links", {}).values():
                 assert link["operationId"] in operation_ids, link
-    assert len(schema["paths"]["/v1/responses"]["post"]["responses"]["200"]["links"]) == 4
+    assert len(schema["paths"]["/v1/responses"]["post"]["responses"]["200"]["links"]) == 5  # 4 routes, a next turn
     assert schema["paths"]["/tokenize"]["post"]["responses"]["200"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/TokenizeResponse"}
     completion = schema["components"]["schemas"]["CompletionRequest"]["properties"]
@@ -295,25 +300,39 @@ WARNINGS = [warning.value for warning in SchemathesisWarning
                                SchemathesisWarning.VALIDATION_MISMATCH)]
 
 
-def test_schemathesis_finds_no_5xx_and_no_contract_violation(model, tmp_path):
+def schemathesis(srv: Server, cwd: Path, *selection: str) -> str:
     """Every schemathesis check (response schema conformance included; positive_data_acceptance made exact by
-    tests/schemathesis_hooks.py) on every operation of the server's own openapi.json, in every phase, against a
-    server with the model's whole context: the hooks bound a generation's length, as only the fuzzer needs."""
+    tests/schemathesis_hooks.py) on the operations `selection` picks (all by default); its output, once it found
+    no issue and tested every operation it selected."""
+    cmd = [sys.executable, "-m", "schemathesis.cli", "run", f"{srv.url}/openapi.json", "-H",
+           f"Authorization: Bearer {KEY}", "--checks", "all", "--exclude-checks", "positive_data_acceptance",
+           "--max-examples", str(FUZZ_EXAMPLES), "--max-response-time", "60", "--request-timeout", "60",
+           "-w", "1", "--seed", "11", "--generation-database", "none",  # the seed alone decides the run
+           "--output-truncate", "true", "--output-sanitize", "false", "--warnings", ",".join(WARNINGS), *selection]
+    tests = os.path.dirname(os.path.dirname(__file__))  # where schemathesis_hooks.py is
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "schemathesis_hooks",
+           "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=420)  # its caches go there
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    assert "No issues found" in run.stdout, run.stdout[-4000:]
+    operations, tested = (re.search(pattern, run.stdout) for pattern in (r"Selected: (\d+)/", r"Tested: (\d+)"))
+    assert operations and tested and operations[1] == tested[1], run.stdout[-2000:]
+    return run.stdout
+
+
+def test_schemathesis_finds_no_5xx_and_no_contract_violation(model, tmp_path):
+    """schemathesis on every operation of the server's own openapi.json, in every phase, against a server with
+    the model's whole context: the hooks bound a generation's length, as only the fuzzer needs. Then the
+    stateful phase once more on the Responses routes alone: on all of them it starts from the routes that list
+    (GET /v1/models), never from POST /v1/responses, whose previous_response_id it takes for an id nothing
+    creates; alone it creates responses and follows every link with their real ids: to their stored routes,
+    and to a next turn (previous_response_id)."""
     with serving(model, api_key=KEY) as srv:
-        cmd = [sys.executable, "-m", "schemathesis.cli", "run", f"{srv.url}/openapi.json", "-H",
-               f"Authorization: Bearer {KEY}", "--checks", "all", "--exclude-checks", "positive_data_acceptance",
-               "--max-examples", str(FUZZ_EXAMPLES), "--max-response-time", "60", "--request-timeout", "60",
-               "-w", "1", "--seed", "11", "--generation-database", "none",  # the seed alone decides the run
-               "--output-truncate", "true", "--output-sanitize", "false", "--warnings", ",".join(WARNINGS)]
-        tests = os.path.dirname(os.path.dirname(__file__))  # where schemathesis_hooks.py is
-        env = {**os.environ, "SCHEMATHESIS_HOOKS": "schemathesis_hooks",
-               "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
-        run = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True,  # its caches go there
-                             timeout=420)
-        assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
-        assert "No issues found" in run.stdout, run.stdout[-4000:]
-        operations, tested = (re.search(pattern, run.stdout) for pattern in (r"Selected: \d+/(\d+)", r"Tested: (\d+)"))
-        assert operations and tested and operations[1] == tested[1], run.stdout[-2000:]  # every route
+        everything = schemathesis(srv, tmp_path)
+        assert re.search(r"Selected: (\d+)/\1\b", everything), everything[-2000:]  # every route
+        stored = schemathesis(srv, tmp_path, "--phases", "stateful", "--include-path-regex", "^/v1/responses")
+        links = re.search(r"API Links: +(\d+) covered / (\d+) selected", stored)
+        assert links and links[1] == links[2] == "5", stored[-2000:]
         wait_pages_free(srv)
 
 

@@ -1,8 +1,11 @@
-"""`--skip-tokenizer-init`: a model directory without a tokenizer, served as token ids in, token ids out,
-through the real `openai` client; the offline LLM on the same directory is the oracle."""
+"""A model directory without a tokenizer. `--skip-tokenizer-init`: served as token ids in, token ids out,
+through the real `openai` client; the offline LLM on the same directory is the oracle. `--tokenizer DIR`: the
+tokenizer elsewhere, the one that every process loading a tokenizer loads."""
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 import sys
@@ -14,6 +17,8 @@ from helpers import DEVICE, make_llm, random_prompts
 from server_fixtures import Server, serving
 
 from minisgl import SamplingParams
+from minisgl.core import Constraint
+from minisgl.tokenizer import TokenizerSource
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
@@ -90,3 +95,63 @@ def test_echo_returns_the_prompt_ids_and_their_logprobs(client):
     assert choice.token_ids[:9] == prompt and len(choice.token_ids) == 12 and choice.text == ""
     assert choice.logprobs.tokens[:9] == [f"token_id:{t}" for t in prompt]
     assert choice.logprobs.token_logprobs[0] is None and all(lp < 0 for lp in choice.logprobs.token_logprobs[1:])
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tiny_models, tmp_path_factory) -> str:
+    """The tiny checkpoint's tokenizer alone, in a directory of its own."""
+    path = tmp_path_factory.mktemp("tokenizer")
+    for name in TOKENIZER_FILES:
+        shutil.copy(Path(tiny_models["qwen3"]) / name, path / name)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def remote_code_tokenizer_dir(tokenizer_dir, tmp_path_factory) -> str:
+    """That tokenizer as a class of its own code (tokenizer_config.json's auto_map): only --trust-remote-code
+    loads it."""
+    path = tmp_path_factory.mktemp("remote-code-tokenizer")
+    shutil.copytree(tokenizer_dir, path, dirs_exist_ok=True)
+    (path / "custom_tokenizer.py").write_text("from transformers import PreTrainedTokenizerFast\n\n\n"
+                                              "class CustomTokenizerFast(PreTrainedTokenizerFast):\n    pass\n")
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config.update(tokenizer_class="CustomTokenizerFast",
+                  auto_map={"AutoTokenizer": [None, "custom_tokenizer.CustomTokenizerFast"]})
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    return str(path)
+
+
+CODE = "[0-9]{3}-[a-z]{2}"  # a regex the output is held to: the scheduler's grammar compiler needs the tokenizer
+
+
+def decoded(tokenizer_dir: str, ids: list[int]) -> str:
+    return TokenizerSource(tokenizer_dir).load().decode(ids, skip_special_tokens=True)
+
+
+def test_tokenizer_dir_is_the_one_every_server_process_loads(model, tokenizer_dir, remote_code_tokenizer_dir,
+                                                             tmp_path):
+    """The model directory has no tokenizer, so the api (/tokenizer_info, text prompts), the detokenizer (the
+    text) and the grammar compiler (a regex) each answer only if it loads --tokenizer's, and only with
+    --trust-remote-code (its code untrusted, the server refuses to start, saying so)."""
+    cmd = [sys.executable, "-m", "minisgl", "--model", model, "--tokenizer", remote_code_tokenizer_dir,
+           "--device", DEVICE, "--port", "1"]
+    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "trust_remote_code" in refused.stderr
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("HF_MODULES_CACHE", str(tmp_path))  # where transformers copies the tokenizer's code
+        srv = Server(model, "--tokenizer", remote_code_tokenizer_dir, "--trust-remote-code")
+    try:
+        assert httpx.get(f"{srv.url}/tokenizer_info").json()["tokenizer_class"] == "CustomTokenizerFast"
+        out = srv.openai_client().completions.create(
+            model="tiny", prompt="hello there", max_tokens=12, temperature=0,
+            extra_body={"regex": CODE, "return_token_ids": True}).choices[0]
+        assert re.fullmatch(CODE, out.text) and out.text == decoded(tokenizer_dir, out.token_ids)
+    finally:
+        assert srv.stop() == 0
+
+
+def test_offline_llm_takes_a_tokenizer_dir(model, tokenizer_dir):
+    """The offline LLM's tokenizer (text prompts, output text) and its grammar compiler load it too."""
+    out = make_llm(model, tokenizer=tokenizer_dir).generate(
+        "hello there", SamplingParams(temperature=0, max_tokens=12, constraint=Constraint("regex", CODE)))[0]
+    assert re.fullmatch(CODE, out.text) and out.text == decoded(tokenizer_dir, out.token_ids)

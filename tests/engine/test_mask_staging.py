@@ -14,6 +14,7 @@ import xgrammar as xgr
 
 from minisgl.constrained import Grammars
 from minisgl.core import Constraint
+from minisgl.tokenizer import TokenizerSource
 
 DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
 # Grammars that never force the end within the test's steps: every row always has a token besides EOS.
@@ -43,7 +44,7 @@ def test_each_steps_mask_is_its_matchers_and_survives_the_next_fill(tiny_models)
     config = json.loads(Path(path, "config.json").read_text())
     vocab, eos = config["vocab_size"], config["eos_token_id"]
     eos = [eos] if isinstance(eos, int) else eos
-    grammars = Grammars(path, vocab, eos, DEVICE)
+    grammars = Grammars(TokenizerSource(path), vocab, eos, DEVICE)
     for rid, constraint in enumerate(CONSTRAINTS):
         grammars.start(rid, constraint)
         grammars.activate(rid)
@@ -66,7 +67,7 @@ def test_each_steps_mask_is_its_matchers_and_survives_the_next_fill(tiny_models)
 def test_a_batch_without_constrained_requests_has_no_mask(tiny_models):
     path = tiny_models["qwen3"]
     vocab = json.loads(Path(path, "config.json").read_text())["vocab_size"]
-    grammars = Grammars(path, vocab, [vocab - 1], DEVICE)
+    grammars = Grammars(TokenizerSource(path), vocab, [vocab - 1], DEVICE)
     grammars.start(0, CONSTRAINTS[0])
     grammars.activate(0)
     assert grammars.bitmask([FREE, FREE + 1]) is None

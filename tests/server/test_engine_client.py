@@ -30,6 +30,7 @@ from minisgl.server.engine_client import EngineClient, RequestFailed
 from minisgl.server.ipc import IpcPaths, inbox, outbox
 from minisgl.server.metrics import Metrics
 from minisgl.server.state import ServerState
+from minisgl.tokenizer import TokenizerSource
 
 
 @pytest.fixture
@@ -177,14 +178,12 @@ class StandInScheduler:
     detokenizer."""
 
     def __init__(self, model: str):
-        from transformers import AutoTokenizer
-
         self.ipc = IpcPaths.new()
-        self.tokenizer = AutoTokenizer.from_pretrained(model)
+        self.tokenizer = TokenizerSource(model).load()
         self.inbox = inbox(zmq.Context.instance(), self.ipc.scheduler)
         self.to_detok = outbox(zmq.Context.instance(), self.ipc.detokenizer)
         self.detokenizer = multiprocessing.get_context("spawn").Process(
-            target=run_detokenizer, args=(model, self.ipc, "warning"), daemon=True)
+            target=run_detokenizer, args=(TokenizerSource(model), self.ipc, "warning"), daemon=True)
         self.detokenizer.start()
         args = parse_args(["--model", model, "--served-model-name", "tiny", "--device", "cpu"])
         self.state = ServerState(args, self.ipc, self.tokenizer)

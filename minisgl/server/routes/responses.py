@@ -22,12 +22,15 @@ from minisgl.server.state import ServerState, server_state
 router = APIRouter()
 
 
-# What a created response's id opens (openapi.json's links: a client, or a fuzzer, follows them to the stored one).
-STORED_LINKS = {name: {"operationId": operation, "parameters": {"response_id": "$response.body#/id"}}
-                for name, operation in (("get", "stored_response_v1_responses__response_id__get"),
-                                        ("delete", "stored_response_v1_responses__response_id__delete"),
-                                        ("cancel", "cancel_response_v1_responses__response_id__cancel_post"),
-                                        ("input_items", "input_items_v1_responses__response_id__input_items_get"))}
+# What a created response's id opens (openapi.json's links: a client, or a fuzzer, follows them): its stored routes,
+# and the next turn of its conversation.
+LINKS = {**{name: {"operationId": operation, "parameters": {"response_id": "$response.body#/id"}}
+            for name, operation in (("get", "get_response_v1_responses__response_id__get"),
+                                    ("delete", "delete_response_v1_responses__response_id__delete"),
+                                    ("cancel", "cancel_response_v1_responses__response_id__cancel_post"),
+                                    ("input_items", "input_items_v1_responses__response_id__input_items_get"))},
+         "continue": {"operationId": "responses_v1_responses_post",
+                      "requestBody": {"previous_response_id": "$response.body#/id"}}}
 # A streamed turn's events: `event:` is the data's `type`; the lifecycle events (response.created, .in_progress,
 # .completed, .incomplete, .failed) carry the response object as it stands.
 EVENT = {"type": "object", "required": ["type", "sequence_number"], "properties": {
@@ -37,7 +40,7 @@ RESPONSES = {200: {"model": ResponseObject, "content": {"text/event-stream": {"s
     "type": "object", "required": ["event", "data"], "description": "named events (event: response.created ... "
     "response.completed)", "properties": {"event": {"type": "string"}, "data": {
         "type": "string", "contentMediaType": "application/json", "contentSchema": EVENT}}}}},
-    "links": STORED_LINKS}, **error_responses(400, 401, 404, 413, 500, 503)}
+    "links": LINKS}, **error_responses(400, 401, 404, 413, 500, 503)}
 
 
 async def response_store(conn: HTTPConnection) -> ResponseStore:
@@ -59,19 +62,17 @@ async def responses(body: ResponsesRequest, request: Request, state: ServerState
 STORED = error_responses(400, 401, 404)
 
 
-# GET and DELETE are one route: a 405 then lists both in `Allow` (Starlette answers 405 from the first route
-# whose path matches).
-@router.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"], response_model=None, responses={
-    200: {"content": {"application/json": {"schema": {"anyOf": [
-        {"$ref": "#/components/schemas/ResponseObject"}, {"$ref": "#/components/schemas/Deleted"}]}}},
-          "description": "GET: the stored response; DELETE: that it is forgotten"}, **STORED})
-async def stored_response(response_id: str, request: Request,
-                          store: ResponseStore = Depends(response_store)) -> Response:
-    """GET: a stored response. DELETE: forget it (a background one still running is stopped first)."""
-    if request.method == "DELETE":
-        await store.delete(response_id)
-        return Response(Deleted(id=response_id).model_dump_json(), media_type="application/json")
+@router.get("/v1/responses/{response_id}", response_model=ResponseObject, responses=STORED)
+async def get_response(response_id: str, store: ResponseStore = Depends(response_store)) -> Response:
+    """A stored response."""
     return Response(store.get(response_id).response.model_dump_json(), media_type="application/json")
+
+
+@router.delete("/v1/responses/{response_id}", response_model=Deleted, responses=STORED)
+async def delete_response(response_id: str, store: ResponseStore = Depends(response_store)) -> Response:
+    """Forget a stored response (a background one still running is stopped first)."""
+    await store.delete(response_id)
+    return Response(Deleted(id=response_id).model_dump_json(), media_type="application/json")
 
 
 @router.post("/v1/responses/{response_id}/cancel", response_model=ResponseObject, responses=STORED)
