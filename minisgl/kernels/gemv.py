@@ -49,7 +49,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, M, N
                  stride_xm, stride_wn, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  s_ptr, stride_sn, stride_sk, SCALE_ROWS: tl.constexpr, FP8: tl.constexpr,
-                 SCALE_ALONG_K: tl.constexpr):
+                 SCALE_ALONG_K: tl.constexpr, SILU_MUL: tl.constexpr):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
@@ -64,6 +64,10 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, M, N
         in_k = k + kk < k_stop
         w = tl.load(w_ptrs, mask=(n[:, None] < N) & in_k[None, :], other=0.0, eviction_policy="evict_first")
         xt = tl.load(x_ptrs, mask=in_k[:, None] & (m[None, :] < M), other=0.0)
+        if SILU_MUL:  # x is [gate | up]: this step's silu(gate) * up, rounded as activation.silu_and_mul does
+            up = tl.load(x_ptrs + K, mask=in_k[:, None] & (m[None, :] < M), other=0.0)
+            gate = xt.to(tl.float32)
+            xt = (gate / (1.0 + tl.exp(-gate))).to(up.dtype) * up
         if FP8:  # e4m3 w, widened (exactly) to x's dtype; one scale group per step, k a multiple of BLOCK_K
             if not SCALE_ALONG_K:  # per-channel: the weight scales are applied once, after the loop
                 sw = 1.0
@@ -208,15 +212,17 @@ def arrival_counters(device: torch.device) -> torch.Tensor:
 
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
          config: GemvConfig | None = None, scale: torch.Tensor | None = None,
-         fp8: Fp8Config | None = None, block_m: int | None = None) -> torch.Tensor:
+         fp8: Fp8Config | None = None, block_m: int | None = None, silu_mul: bool = False) -> torch.Tensor:
     """F.linear(x, w, bias) for x [M, K] with M <= 16, w [N, K] with unit stride along K, bias [N]; float32
     accumulation, output [M, N] in x's dtype. `config` overrides CONFIGS and default_config. An e4m3 w
     comes with its `scale` and `fp8` settings: the result is then `fp8_gemv_torch`'s (x is not quantized).
     `block_m` (1 or 16, FP8 only; default: 1 for one row) overrides the rows per program: one row is
-    multiplied on the CUDA cores, more on the tensor cores."""
-    m, k = x.shape
+    multiplied on the CUDA cores, more on the tensor cores. With `silu_mul`, x is a merged [gate | up]
+    projection [M, 2K] and the product is `silu_and_mul(x)` W^T: the MLP's activation without a launch."""
+    m, k = x.shape[0], w.shape[1]
     n = w.shape[0]
-    assert w.shape[1] == k and w.stride(1) == 1, "gemv: x [M, K], w [N, K] with unit stride along K"
+    assert x.shape[1] == (2 if silu_mul else 1) * k and w.stride(1) == 1, \
+        "gemv: x [M, K] (silu_mul: [M, 2K]), w [N, K] with unit stride along K"
     assert (x.dtype == w.dtype) == (fp8 is None), "gemv: w of x's dtype, or e4m3 with its scales"
     block_m = block_m or (1 if fp8 and m == 1 else BLOCK_M)
     assert block_m == BLOCK_M or fp8, "gemv: one row per program is for FP8 weights"
@@ -243,6 +249,6 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=block_m, BLOCK_N=config.block_n,
         BLOCK_K=block_k, s_ptr=scale if fp8 else out, stride_sn=stride_sn, stride_sk=stride_sk,
         SCALE_ROWS=fp8.scale_rows if fp8 else 1, FP8=fp8 is not None,
-        SCALE_ALONG_K=fp8 is not None and fp8.block is not None, num_warps=config.num_warps,
+        SCALE_ALONG_K=fp8 is not None and fp8.block is not None, SILU_MUL=silu_mul, num_warps=config.num_warps,
         num_stages=config.num_stages)
     return out
