@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from minisgl.kernels import use_pdl
 from minisgl.kernels.fp8 import scale_strides
 from minisgl.quantization import Fp8Config
 
@@ -45,11 +46,39 @@ TARGET_PROGRAMS = 256  # about two programs per SM of an H100/H200 (132 SMs)
 
 
 @triton.jit
+def _gemv_step(acc, w, x_ptrs, k, k_stop, kk, m, n, pid_n, M, N, K, s_ptr, stride_sn, stride_sk,
+               PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               SCALE_ROWS: tl.constexpr, FP8: tl.constexpr, SCALE_ALONG_K: tl.constexpr, SILU_MUL: tl.constexpr):
+    """One BLOCK_K step: this program's weight tile w times x's columns k.. added into acc."""
+    in_k = k + kk < k_stop
+    xt = tl.load(x_ptrs, mask=in_k[:, None] & (m[None, :] < M), other=0.0)
+    if SILU_MUL:  # x is [gate | up]: this step's silu(gate) * up, rounded as activation.silu_and_mul does
+        up = tl.load(x_ptrs + K, mask=in_k[:, None] & (m[None, :] < M), other=0.0)
+        gate = xt.to(tl.float32)
+        xt = (gate / (1.0 + tl.exp(-gate))).to(up.dtype) * up
+    if FP8:  # e4m3 w, widened (exactly) to x's dtype; one scale group per step, k a multiple of BLOCK_K
+        if not SCALE_ALONG_K:  # per-channel: the weight scales are applied once, after the loop
+            sw = 1.0
+        elif SCALE_ROWS % BLOCK_N == 0:  # the tile's rows share one weight block: a scalar weight scale
+            sw = tl.load(s_ptr + (pid_n * BLOCK_N // SCALE_ROWS) * stride_sn + k // BLOCK_K * stride_sk)
+        else:
+            sw = tl.load(s_ptr + (n // SCALE_ROWS) * stride_sn + k // BLOCK_K * stride_sk, mask=n < N,
+                         other=0.0)[:, None]
+        if BLOCK_M == 1:  # on the CUDA cores: acc holds [BLOCK_N, BLOCK_K] products, summed after the loop
+            acc += w.to(tl.float32) * (tl.trans(xt).to(tl.float32) * sw)
+        else:
+            acc += tl.dot(w.to(xt.dtype), xt, input_precision=PRECISION) * sw
+    else:
+        acc = tl.dot(w, xt, acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, M, N, K, k_per_split, split_k,
                  stride_xm, stride_wn, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  s_ptr, stride_sn, stride_sk, SCALE_ROWS: tl.constexpr, FP8: tl.constexpr,
-                 SCALE_ALONG_K: tl.constexpr, SILU_MUL: tl.constexpr):
+                 SCALE_ALONG_K: tl.constexpr, SILU_MUL: tl.constexpr, PDL: tl.constexpr):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
@@ -58,34 +87,29 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, M, N
     k_stop = tl.minimum(k_start + k_per_split, K)
     w_ptrs = w_ptr + n[:, None].to(tl.int64) * stride_wn + (k_start + kk)[None, :]
     x_ptrs = x_ptr + m[None, :] * stride_xm + (k_start + kk)[:, None]  # x^T: [BLOCK_K, BLOCK_M]
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # y^T of this tile
-    wide = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)  # one row of x (BLOCK_M == 1): products summed last
-    for k in range(k_start, k_stop, BLOCK_K):
-        in_k = k + kk < k_stop
-        w = tl.load(w_ptrs, mask=(n[:, None] < N) & in_k[None, :], other=0.0, eviction_policy="evict_first")
-        xt = tl.load(x_ptrs, mask=in_k[:, None] & (m[None, :] < M), other=0.0)
-        if SILU_MUL:  # x is [gate | up]: this step's silu(gate) * up, rounded as activation.silu_and_mul does
-            up = tl.load(x_ptrs + K, mask=in_k[:, None] & (m[None, :] < M), other=0.0)
-            gate = xt.to(tl.float32)
-            xt = (gate / (1.0 + tl.exp(-gate))).to(up.dtype) * up
-        if FP8:  # e4m3 w, widened (exactly) to x's dtype; one scale group per step, k a multiple of BLOCK_K
-            if not SCALE_ALONG_K:  # per-channel: the weight scales are applied once, after the loop
-                sw = 1.0
-            elif SCALE_ROWS % BLOCK_N == 0:  # the tile's rows share one weight block: a scalar weight scale
-                sw = tl.load(s_ptr + (pid_n * BLOCK_N // SCALE_ROWS) * stride_sn + k // BLOCK_K * stride_sk)
-            else:
-                sw = tl.load(s_ptr + (n // SCALE_ROWS) * stride_sn + k // BLOCK_K * stride_sk, mask=n < N,
-                             other=0.0)[:, None]
-            if BLOCK_M == 1:  # on the CUDA cores, no cross-thread sum until after the loop
-                wide += w.to(tl.float32) * (tl.trans(xt).to(tl.float32) * sw)
-            else:
-                acc += tl.dot(w.to(xt.dtype), xt, input_precision=PRECISION) * sw
-        else:
-            acc = tl.dot(w, xt, acc, input_precision=PRECISION)
+    if FP8 and BLOCK_M == 1:  # one row of x: each column's products apart, no cross-thread sum in the loop
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # y^T of this tile
+    if PDL:  # launched before the previous kernel ends: read the first weight tile (no kernel writes W) while
+        # it finishes, let the next kernel launch likewise, and wait for the previous one before reading x
+        w = tl.load(w_ptrs, mask=(n[:, None] < N) & (kk < k_stop - k_start)[None, :], other=0.0,
+                    eviction_policy="evict_first")
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+        acc = _gemv_step(acc, w, x_ptrs, k_start, k_stop, kk, m, n, pid_n, M, N, K, s_ptr, stride_sn,
+                         stride_sk, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SCALE_ROWS, FP8, SCALE_ALONG_K, SILU_MUL)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    for k in range(k_start + PDL * BLOCK_K, k_stop, BLOCK_K):
+        w = tl.load(w_ptrs, mask=(n[:, None] < N) & (k + kk < k_stop)[None, :], other=0.0,
+                    eviction_policy="evict_first")
+        acc = _gemv_step(acc, w, x_ptrs, k, k_stop, kk, m, n, pid_n, M, N, K, s_ptr, stride_sn,
+                         stride_sk, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SCALE_ROWS, FP8, SCALE_ALONG_K, SILU_MUL)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     if FP8 and BLOCK_M == 1:
-        acc = tl.sum(wide, axis=1)[:, None]
+        acc = tl.sum(acc, axis=1)[:, None]
     if FP8 and not SCALE_ALONG_K:
         acc *= tl.load(s_ptr + n * stride_sn, mask=n < N, other=0.0)[:, None]
 
@@ -243,12 +267,13 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
             x.device)
     else:
         partial, counters = out, out  # unused
+    pdl = use_pdl(x.device)
     _gemv_kernel[(tiles, split_k)](
         x, w, bias if bias is not None else out, out, partial, counters, m, n, k, k_per_split, split_k,
         x.stride(0), w.stride(0), HAS_BIAS=bias is not None, SPLIT=split,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=block_m, BLOCK_N=config.block_n,
         BLOCK_K=block_k, s_ptr=scale if fp8 else out, stride_sn=stride_sn, stride_sk=stride_sk,
         SCALE_ROWS=fp8.scale_rows if fp8 else 1, FP8=fp8 is not None,
-        SCALE_ALONG_K=fp8 is not None and fp8.block is not None, SILU_MUL=silu_mul, num_warps=config.num_warps,
-        num_stages=config.num_stages)
+        SCALE_ALONG_K=fp8 is not None and fp8.block is not None, SILU_MUL=silu_mul, PDL=pdl,
+        num_warps=config.num_warps, num_stages=config.num_stages, **({"launch_pdl": True} if pdl else {}))
     return out
