@@ -116,18 +116,19 @@ def chain(dims, gen: torch.Generator, replays: int) -> None:
                                                                                   layer["down"], fp8)
         return x
 
+    pdl_modes = (False, True) if minisgl.kernels.use_pdl(device) else (False,)  # MINISGL_PDL=0, or before Hopper
     print(f"\n{torch.cuda.get_device_name()}: one decode step's projections and norms, {dims.layers} layers, us")
     print("| rows | weights | SiLU-and-mul | PDL off | PDL on |\n|---|---|---|---|---|")
     for m in (1, 8):
         x = torch.randn(m, dims.hidden, device="cuda", generator=gen).bfloat16()
         for fp8, fused in itertools.product((False, True), (False, True)):
             times = []
-            for pdl in (False, True):
-                minisgl.kernels._pdl[device] = pdl and torch.cuda.get_device_capability()[0] >= 9
-                times.append(time_per_call(lambda: step(x, fp8, fused), 1, replays))
+            for pdl in pdl_modes:
+                minisgl.kernels._pdl[device] = pdl
+                times.append(f"{time_per_call(lambda: step(x, fp8, fused), 1, replays):,.0f}")
             minisgl.kernels._pdl.pop(device)
             print(f"| {m} | {'FP8' if fp8 else 'bf16'} | {'in down' if fused else 'own launch'} | "
-                  f"{times[0]:,.0f} | {times[1]:,.0f} |", flush=True)
+                  + " | ".join(times) + " |", flush=True)
 
 
 def rewrite_table(path: Path, name: str, rows: list[str]) -> None:
