@@ -9,7 +9,8 @@ token-id prompts of 256-1024 random ids, 256 output tokens, `ignore_eos`, `strea
 any server that takes vLLM's fields (minisgl, vLLM) runs the same load. Per level: TTFT, ITL (the gap
 between consecutive chunks that carry tokens) and TPOT ((end - first token) / (tokens - 1)) at p50 and p99,
 output tokens per second over the level's wall time, and the server's own mean queue and prefill times
-from the vLLM-named histograms of its /metrics (where the first token's wait is spent server-side).
+from the vLLM-named histograms of its /metrics (where the first token's wait is spent server-side). A level's
+streams are spread over `--clients` processes, so the client keeps up with the fastest server.
 `--serve` starts a server on a directory holding only the config (dummy weights, no tokenizer), waits for
 /health, runs the levels and stops it. Prints a markdown table and one JSON line per level.
 """
@@ -18,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
+import multiprocessing
 import os
 import random
 import re
@@ -28,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,21 +97,44 @@ async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, tuple[fl
     return found
 
 
+async def run_streams(url: str, model: str, streams: list[list[list[int]]], max_tokens: int,
+                      start_at: float) -> list[Timing]:
+    """Each stream's prompts one after another, every stream concurrently, from `start_at` (perf_counter)."""
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=3600)) as session:
+        async def stream(prompts: list[list[int]]) -> list[Timing]:
+            return [await one_request(session, url, model, prompt, max_tokens) for prompt in prompts]
+
+        await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
+        return [t for ts in await asyncio.gather(*(stream(p) for p in streams)) for t in ts]
+
+
+def client_process(url: str, model: str, streams: list[list[list[int]]], max_tokens: int,
+                   start_at: float) -> list[Timing]:
+    """One client process's share of a level. The collector is off while it runs: a full collection over the
+    timings gathered so far would pause every stream of this process, and read as the server's inter-token gap."""
+    gc.disable()
+    return asyncio.run(run_streams(url, model, streams, max_tokens, start_at))
+
+
 async def level(url: str, model: str, streams: int, a: argparse.Namespace) -> dict:
+    """One level: `streams` closed-loop streams, spread over `--clients` processes (one event loop parsing every
+    chunk of 256 streams is itself a bottleneck, and its lag would count against the faster server)."""
     rng, rounds, (shortest, longest) = random.Random(a.seed + streams), a.rounds, a.prompt_len
     prompts = [[rng.randint(10, a.max_id) for _ in range(rng.randint(shortest, longest))]
                for _ in range(streams * rounds)]
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=3600)) as session:
+    per_stream = [prompts[i * rounds: (i + 1) * rounds] for i in range(streams)]
+    clients = max(1, min(a.clients, streams))
+    shares = [per_stream[c::clients] for c in range(clients)]
+    async with aiohttp.ClientSession() as session:
         before = await scrape(session, url)
-
-        async def stream(i: int) -> list[Timing]:
-            return [await one_request(session, url, model, prompt, a.max_tokens)
-                    for prompt in prompts[i * rounds: (i + 1) * rounds]]
-
-        start = time.perf_counter()
-        timings = [t for ts in await asyncio.gather(*(stream(i) for i in range(streams))) for t in ts]
-        wall = time.perf_counter() - start
+        start = time.perf_counter() + 1.0  # every client process has started its loop by then
+        loop = asyncio.get_running_loop()
+        with ProcessPoolExecutor(clients, mp_context=multiprocessing.get_context("spawn")) as pool:
+            done = await asyncio.gather(*(loop.run_in_executor(pool, client_process, url, model, share,
+                                                               a.max_tokens, start) for share in shares))
+        timings = [t for ts in done for t in ts]
+        wall = max(t.chunks[-1][0] if t.chunks else t.start for t in timings) - start
         after = await scrape(session, url)
     ok = [t for t in timings if t.error is None and t.chunks]
     ttft = [1000 * (t.chunks[0][0] - t.start) for t in ok]
@@ -186,6 +213,7 @@ def main() -> None:
                    help="SHORTEST,LONGEST prompt, in tokens")
     p.add_argument("--max-id", type=int, default=10000, help="largest prompt token id")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--clients", type=int, default=4, help="client processes a level's streams are spread over")
     p.add_argument("--serve", choices=["minisgl", "vllm"], help="start this server on --config first, stop it after")
     p.add_argument("--config", help="a model's config.json (dummy weights), with --serve")
     p.add_argument("--server-args", default="", help="extra server flags, with --serve")
