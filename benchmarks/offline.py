@@ -1,7 +1,7 @@
 """The standard offline workloads (defined in docs/benchmarks.md), with random (dummy) weights.
 
     python benchmarks/offline.py --config .bench_models/qwen3-0.6b.json --workload w1 [--attn torch]
-    python benchmarks/offline.py --config .bench_models/qwen3-8b-fp8.json --workload w2 w1   # one engine, both
+    python benchmarks/offline.py --config .bench_models/qwen3-8b-fp8.json --workload w2,w1   # one engine, both
 
 Workloads: w1 (throughput), w2 (batch-1 decode latency), w3 / w3-nocache (shared prefix, radix or
 naive cache), steps (decode step time at batch 1/8/32/128/256 over 512-token contexts).
@@ -99,8 +99,9 @@ WORKLOADS: dict[str, Callable[[Generate], dict]] = {"w1": w1, "w2": w2, "w3": w3
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="a model config.json (e.g. a Hugging Face model's config.json)")
-    parser.add_argument("--workload", choices=["w1", "w2", "w3", "w3-nocache", "steps"], required=True, nargs="+",
-                        help="one or more, run in this order on one engine (w3 and w3-nocache not together)")
+    parser.add_argument("--workload", required=True, type=lambda v: v.split(","),
+                        help=f"one of {sorted(WORKLOADS)}, or several, comma-separated, run in that order on one "
+                             "engine (w3 and w3-nocache not together)")
     parser.add_argument("--attn", default="auto", help="auto | torch | triton | PREFILL,DECODE")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--tp", type=int, default=1)
@@ -109,6 +110,8 @@ def main() -> None:
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"],
                         help="auto: --dtype; fp8: a float8_e4m3fn KV cache")
     args = parser.parse_args()
+    if unknown := set(args.workload) - set(WORKLOADS):
+        parser.error(f"unknown workload(s) {sorted(unknown)}; choose from {sorted(WORKLOADS)}")
     from minisgl import LLM
 
     start = time.perf_counter()
