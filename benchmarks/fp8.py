@@ -11,8 +11,7 @@ The sweep's winners replace the tables in memory before the comparison runs, so 
 tuned ones. Timed as benchmarks/gemv.py times (CUDA-graph replay, the weight cycled through copies so
 that each call reads it from HBM). Block-scaled weights (128 x 128), as Qwen/Qwen3-8B-FP8. The FP8 GEMM's
 time includes its activation-quantization launch. At 16 rows, the most that FP8 layers send to the GEMV, the
-GEMM's time is printed too (the reason for the routing); at one row, the GEMV's tensor-core path (block_m=16)
-beside its CUDA-core one.
+GEMM's time is printed too (the reason for the routing).
 
 `--chain` times what a decode step runs around attention, layer after layer as the model does (each layer's
 own weights, so that every read comes from HBM): add+RMSNorm, qkv, o (on qkv's first columns), add+RMSNorm,
@@ -196,7 +195,7 @@ def main() -> None:
             rewrite_table(Path(fp8_kernels.__file__), "FP8_GEMM_CONFIGS", gemm_rows)
             print(f"rewrote FP8_CONFIGS in {gemv_kernels.__file__} and FP8_GEMM_CONFIGS in {fp8_kernels.__file__}")
 
-        step = {m: [0.0, 0.0, 0.0] for m in args.rows}  # bf16, FP8, FP8 GEMM or tensor-core GEMV
+        step = {m: [0.0, 0.0, 0.0] for m in args.rows}  # bf16, FP8, FP8 GEMM where the GEMV serves FP8
         for layer, (n, k) in layers.items():
             w, wq, scale = weights[layer]
             bf16, calls = rotated(w)
@@ -205,22 +204,16 @@ def main() -> None:
                 x = xs[m][:, :k]
                 t_bf16 = time_per_call(lambda: linear(x, next(bf16)), calls, args.replays)
                 t_fp8 = time_per_call(lambda: fp8_linear(x, next(fp8), scale, BLOCK), fp8_calls, args.replays)
-                t_gemm = 0.0
-                if 16 <= m <= BLOCK_M:
-                    t_gemm = time_per_call(lambda: fp8_gemm(x, next(fp8), scale, BLOCK), fp8_calls, args.replays)
-                elif m == 1:
-                    t_gemm = time_per_call(lambda: gemv(x, next(fp8), None, scale=scale, fp8=BLOCK, block_m=BLOCK_M),
-                                           fp8_calls, args.replays)
+                t_gemm = time_per_call(lambda: fp8_gemm(x, next(fp8), scale, BLOCK), fp8_calls, args.replays) \
+                    if 16 <= m <= BLOCK_M else 0.0
                 for i, t in enumerate((t_bf16, t_fp8, t_gemm)):
                     step[m][i] += dims.layers * t
                 kernel = "gemv" if m <= BLOCK_M else f"gemm {pick_config(m, n, k)}"
                 print(f"{layer:<8} {n:>6} {k:>6} M={m:<5} bf16 {t_bf16:>8.1f}  fp8 {t_fp8:>8.1f}  "
                       f"{t_bf16 / t_fp8:.2f}x  fp8 GB/s {wq.nbytes / t_fp8 / 1e3:>5.0f}"
-                      + (f"  ({'gemm' if m > 1 else 'tensor cores'} {t_gemm:.1f})" if t_gemm else "")
-                      + f"  [{kernel}]", flush=True)
+                      + (f"  (gemm {t_gemm:.1f})" if t_gemm else "") + f"  [{kernel}]", flush=True)
     print(f"\n{device}: step = 4 projections x {dims.layers} layers, us")
-    print("| M | bf16 | FP8 | bf16 / FP8 | FP8 GEMM instead of the GEMV (M = 1: its tensor-core path) |\n"
-          "|---|---|---|---|---|")
+    print("| M | bf16 | FP8 | bf16 / FP8 | FP8 GEMM instead of the GEMV |\n|---|---|---|---|---|")
     for m, (t_bf16, t_fp8, t_gemm) in step.items():
         print(f"| {m} | {t_bf16:,.0f} | {t_fp8:,.0f} | {t_bf16 / t_fp8:.2f}x | {f'{t_gemm:,.0f}' if t_gemm else ''} |")
 

@@ -17,14 +17,19 @@ Atomic adds into a zeroed float32 buffer would need a memset and a cast (two mor
 from run to run; a separate reduction pass adds a launch, which at these sizes costs as much as the
 GEMV itself.
 
-FP8 weights (e4m3 with block or per-channel scales, see `minisgl.layers.fp8`) halve the bytes streamed:
-BLOCK_K is then the scale group; each step widens the weight tile to x's dtype (exactly: bf16 holds every
-e4m3 value) and scales the group's product by the weight scale (a scalar where the tile's rows sit in one
-weight block; per-channel scales once, after the loop). Activations are not quantized: at these batch sizes
-the weight read bounds the time, and quantizing x per step cost every program a cross-thread reduction (an
-H100's qwen3-8b FP8 projections streamed 1.6-2.5 TB/s of the ~3.0 a copy reaches with it). One row of x
-(BLOCK_M = 1, batch-1 decode) is multiplied on the CUDA cores, each thread keeping its products in float32
-registers and the row sums formed once, after the loop; 2 to 16 rows on the tensor cores.
+FP8 weights (e4m3 with block or per-channel scales, see `minisgl.kernels.fp8`) halve the bytes streamed:
+BLOCK_K is then the scale group; each program quantizes its slice of x per row and group in registers
+and scales each group's product by the activation and weight scales (one scalar weight scale per step
+where the tile's rows sit in one weight block; per-channel scales once, after the loop). FP8 layers take
+this kernel up to its 16 rows: on an H100 qwen3-8b's projections took 3.2 ms a decode step here at 16 rows
+against 4.5 ms in the FP8 GEMM, while 64-row tiles (tried) took 8.1 ms against the GEMM's 4.7
+(benchmarks/fp8.py). Leaving x unquantized and widening the weights instead was slower at one row on the
+same kind of H100: 3.65 ms a step on the CUDA cores, 4.30 on the tensor cores, against this kernel's 3.18.
+
+On Hopper the kernel is launched as a programmatic dependent (`minisgl.kernels.use_pdl`): it reads its first
+weight tile while the kernel before it finishes and waits (griddepcontrol.wait) only before reading x. With
+`silu_mul` it reads a merged [gate | up] projection and forms the MLP's activation per step, saving that
+kernel's launch.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import triton
 import triton.language as tl
 
 from minisgl.kernels import use_pdl
-from minisgl.kernels.fp8 import scale_strides
+from minisgl.kernels.fp8 import EMULATE, dot_e4m3, quantize_tile, scale_strides
 from minisgl.quantization import Fp8Config
 
 BLOCK_M = 16  # rows of x per program; one compiled kernel serves every M up to it
@@ -48,7 +53,8 @@ TARGET_PROGRAMS = 256  # about two programs per SM of an H100/H200 (132 SMs)
 @triton.jit
 def _gemv_step(acc, w, x_ptrs, k, k_stop, kk, m, n, pid_n, M, N, K, s_ptr, stride_sn, stride_sk,
                PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               SCALE_ROWS: tl.constexpr, FP8: tl.constexpr, SCALE_ALONG_K: tl.constexpr, SILU_MUL: tl.constexpr):
+               SCALE_ROWS: tl.constexpr, FP8: tl.constexpr, SCALE_ALONG_K: tl.constexpr, SILU_MUL: tl.constexpr,
+               EMULATE: tl.constexpr):
     """One BLOCK_K step: this program's weight tile w times x's columns k.. added into acc."""
     in_k = k + kk < k_stop
     xt = tl.load(x_ptrs, mask=in_k[:, None] & (m[None, :] < M), other=0.0)
@@ -56,18 +62,17 @@ def _gemv_step(acc, w, x_ptrs, k, k_stop, kk, m, n, pid_n, M, N, K, s_ptr, strid
         up = tl.load(x_ptrs + K, mask=in_k[:, None] & (m[None, :] < M), other=0.0)
         gate = xt.to(tl.float32)
         xt = (gate / (1.0 + tl.exp(-gate))).to(up.dtype) * up
-    if FP8:  # e4m3 w, widened (exactly) to x's dtype; one scale group per step, k a multiple of BLOCK_K
+    if FP8:  # x's group k.. quantized per row in registers; one scale group per step, k a multiple of BLOCK_K
+        xq, sx = quantize_tile(xt, 0, EMULATE)
         if not SCALE_ALONG_K:  # per-channel: the weight scales are applied once, after the loop
-            sw = 1.0
+            scale = sx[None, :]
         elif SCALE_ROWS % BLOCK_N == 0:  # the tile's rows share one weight block: a scalar weight scale
             sw = tl.load(s_ptr + (pid_n * BLOCK_N // SCALE_ROWS) * stride_sn + k // BLOCK_K * stride_sk)
+            scale = (sx * sw)[None, :]
         else:
-            sw = tl.load(s_ptr + (n // SCALE_ROWS) * stride_sn + k // BLOCK_K * stride_sk, mask=n < N,
-                         other=0.0)[:, None]
-        if BLOCK_M == 1:  # on the CUDA cores: acc holds [BLOCK_N, BLOCK_K] products, summed after the loop
-            acc += w.to(tl.float32) * (tl.trans(xt).to(tl.float32) * sw)
-        else:
-            acc += tl.dot(w.to(xt.dtype), xt, input_precision=PRECISION) * sw
+            sw = tl.load(s_ptr + (n // SCALE_ROWS) * stride_sn + k // BLOCK_K * stride_sk, mask=n < N, other=0.0)
+            scale = sw[:, None] * sx[None, :]
+        acc += dot_e4m3(w, xq, EMULATE) * scale
     else:
         acc = tl.dot(w, xt, acc, input_precision=PRECISION)
     return acc
@@ -78,7 +83,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, M, N
                  stride_xm, stride_wn, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  s_ptr, stride_sn, stride_sk, SCALE_ROWS: tl.constexpr, FP8: tl.constexpr,
-                 SCALE_ALONG_K: tl.constexpr, SILU_MUL: tl.constexpr, PDL: tl.constexpr):
+                 SCALE_ALONG_K: tl.constexpr, SILU_MUL: tl.constexpr, PDL: tl.constexpr, EMULATE: tl.constexpr):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
@@ -87,10 +92,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, M, N
     k_stop = tl.minimum(k_start + k_per_split, K)
     w_ptrs = w_ptr + n[:, None].to(tl.int64) * stride_wn + (k_start + kk)[None, :]
     x_ptrs = x_ptr + m[None, :] * stride_xm + (k_start + kk)[:, None]  # x^T: [BLOCK_K, BLOCK_M]
-    if FP8 and BLOCK_M == 1:  # one row of x: each column's products apart, no cross-thread sum in the loop
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # y^T of this tile
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # y^T of this tile
     if PDL:  # launched before the previous kernel ends: read the first weight tile (no kernel writes W) while
         # it finishes, let the next kernel launch likewise, and wait for the previous one before reading x
         w = tl.load(w_ptrs, mask=(n[:, None] < N) & (kk < k_stop - k_start)[None, :], other=0.0,
@@ -98,18 +100,18 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, M, N
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
         acc = _gemv_step(acc, w, x_ptrs, k_start, k_stop, kk, m, n, pid_n, M, N, K, s_ptr, stride_sn,
-                         stride_sk, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SCALE_ROWS, FP8, SCALE_ALONG_K, SILU_MUL)
+                         stride_sk, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SCALE_ROWS, FP8, SCALE_ALONG_K, SILU_MUL,
+                         EMULATE)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     for k in range(k_start + PDL * BLOCK_K, k_stop, BLOCK_K):
         w = tl.load(w_ptrs, mask=(n[:, None] < N) & (k + kk < k_stop)[None, :], other=0.0,
                     eviction_policy="evict_first")
         acc = _gemv_step(acc, w, x_ptrs, k, k_stop, kk, m, n, pid_n, M, N, K, s_ptr, stride_sn,
-                         stride_sk, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SCALE_ROWS, FP8, SCALE_ALONG_K, SILU_MUL)
+                         stride_sk, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SCALE_ROWS, FP8, SCALE_ALONG_K, SILU_MUL,
+                         EMULATE)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-    if FP8 and BLOCK_M == 1:
-        acc = tl.sum(acc, axis=1)[:, None]
     if FP8 and not SCALE_ALONG_K:
         acc *= tl.load(s_ptr + n * stride_sn, mask=n < N, other=0.0)[:, None]
 
@@ -236,21 +238,18 @@ def arrival_counters(device: torch.device) -> torch.Tensor:
 
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
          config: GemvConfig | None = None, scale: torch.Tensor | None = None,
-         fp8: Fp8Config | None = None, block_m: int | None = None, silu_mul: bool = False) -> torch.Tensor:
+         fp8: Fp8Config | None = None, silu_mul: bool = False) -> torch.Tensor:
     """F.linear(x, w, bias) for x [M, K] with M <= 16, w [N, K] with unit stride along K, bias [N]; float32
     accumulation, output [M, N] in x's dtype. `config` overrides CONFIGS and default_config. An e4m3 w
-    comes with its `scale` and `fp8` settings: the result is then `fp8_gemv_torch`'s (x is not quantized).
-    `block_m` (1 or 16, FP8 only; default: 1 for one row) overrides the rows per program: one row is
-    multiplied on the CUDA cores, more on the tensor cores. With `silu_mul`, x is a merged [gate | up]
+    comes with its `scale` and `fp8` settings: the result is then `fp8_linear_torch`'s. With `silu_mul`, x is
+    a merged [gate | up]
     projection [M, 2K] and the product is `silu_and_mul(x)` W^T: the MLP's activation without a launch."""
     m, k = x.shape[0], w.shape[1]
     n = w.shape[0]
     assert x.shape[1] == (2 if silu_mul else 1) * k and w.stride(1) == 1, \
         "gemv: x [M, K] (silu_mul: [M, 2K]), w [N, K] with unit stride along K"
     assert (x.dtype == w.dtype) == (fp8 is None), "gemv: w of x's dtype, or e4m3 with its scales"
-    block_m = block_m or (1 if fp8 and m == 1 else BLOCK_M)
-    assert block_m == BLOCK_M or fp8, "gemv: one row per program is for FP8 weights"
-    assert 1 <= m <= block_m, f"gemv takes 1..{block_m} rows, got {m}"
+    assert 1 <= m <= BLOCK_M, f"gemv takes 1..{BLOCK_M} rows, got {m}"
     config = config or (FP8_CONFIGS.get((n, k)) or default_config(n, k, 128, fp8.group) if fp8 else
                         CONFIGS.get((n, k)) or default_config(n, k))
     x = x if x.stride(1) == 1 else x.contiguous()
@@ -271,9 +270,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     _gemv_kernel[(tiles, split_k)](
         x, w, bias if bias is not None else out, out, partial, counters, m, n, k, k_per_split, split_k,
         x.stride(0), w.stride(0), HAS_BIAS=bias is not None, SPLIT=split,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=block_m, BLOCK_N=config.block_n,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=BLOCK_M, BLOCK_N=config.block_n,
         BLOCK_K=block_k, s_ptr=scale if fp8 else out, stride_sn=stride_sn, stride_sk=stride_sk,
         SCALE_ROWS=fp8.scale_rows if fp8 else 1, FP8=fp8 is not None,
-        SCALE_ALONG_K=fp8 is not None and fp8.block is not None, SILU_MUL=silu_mul, PDL=pdl,
+        SCALE_ALONG_K=fp8 is not None and fp8.block is not None, SILU_MUL=silu_mul, PDL=pdl, EMULATE=EMULATE,
         num_warps=config.num_warps, num_stages=config.num_stages, **({"launch_pdl": True} if pdl else {}))
     return out

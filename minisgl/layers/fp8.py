@@ -6,13 +6,10 @@ Two layouts of weight scales, both stored as `weight_scale_inv` (the factor that
   of W [N, K], shape [ceil(N / 128), ceil(K / 128)];
 - per-channel, what `--quantization fp8` makes of a bf16 checkpoint at load: one scale per output row, [N, 1].
 
-Batches of more than GEMV_ROWS rows (prefill, large decode batches) quantize activations dynamically, per
-token and per group of GROUP (the block's width) input columns: y[m, n] = sum over groups g of sx[m, g] *
-sw[n, g] * (xq[m, g] . wq[n, g]), with xq and wq in e4m3 and the dot products exact in float32
-(`fp8_linear_torch`). The checkpoints' own scheme for block-scaled weights; for per-channel weights it is
-finer than vLLM's one scale per token, at the same cost in our kernels. Up to GEMV_ROWS rows (decode) the
-weights are only widened: y = x . (sw * wq), activations unrounded (`fp8_gemv_torch`). There the weight read
-bounds the time and quantizing x costs every program of the GEMV a reduction per step for nothing it saves.
+Activations are quantized dynamically, per token and per group of GROUP (the block's width) input
+columns: y[m, n] = sum over groups g of sx[m, g] * sw[n, g] * (xq[m, g] . wq[n, g]), with xq and wq in
+e4m3 and the dot products exact in float32. The checkpoints' own scheme for block-scaled weights; for
+per-channel weights it is finer than vLLM's one scale per token, at the same cost in our kernels.
 """
 
 from __future__ import annotations
@@ -27,7 +24,6 @@ from minisgl.quantization import Fp8Config
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
 MIN_SCALE = 1e-10  # an all-zero group still gets a finite scale
-GEMV_ROWS = 16  # batches of up to this many rows take the decode GEMV (its BLOCK_M) and unrounded activations
 
 
 def expand_scale(scale: torch.Tensor, rows: int, cols: int, config: Fp8Config) -> torch.Tensor:
@@ -75,22 +71,6 @@ def fp8_linear_torch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, conf
     x_dq = xq.float() * sx.repeat_interleave(config.group, dim=1)[:, : x.shape[1]]
     y = F.linear(x_dq, dequantize_weight(w, scale, config), bias.float() if bias is not None else None)
     return y.to(x.dtype)
-
-
-def fp8_gemv_torch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, config: Fp8Config,
-                   bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Reference of the decode GEMV's FP8 path: x as it is times the dequantized weight, in float32; output
-    in x's dtype."""
-    y = F.linear(x.float(), dequantize_weight(w, scale, config), bias.float() if bias is not None else None)
-    return y.to(x.dtype)
-
-
-def fp8_linear_reference(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, config: Fp8Config,
-                         bias: torch.Tensor | None = None) -> torch.Tensor:
-    """What `minisgl.layers.linear.fp8_linear` computes for x [M, K]: the GEMV's math up to GEMV_ROWS rows,
-    the GEMM's above."""
-    reference = fp8_gemv_torch if x.shape[0] <= GEMV_ROWS else fp8_linear_torch
-    return reference(x, w, scale, config, bias)
 
 
 def narrow_scale(scale: torch.Tensor, dim: int, start: int, length: int, unit: int | None) -> torch.Tensor:

@@ -16,12 +16,12 @@ from torch import nn
 from minisgl.distributed import TPGroup
 from minisgl.kernels import TRITON_AVAILABLE, use_triton
 from minisgl.layers.activation import silu_and_mul
-from minisgl.layers.fp8 import FP8_DTYPE, GEMV_ROWS, fp8_linear_reference, narrow_scale
+from minisgl.layers.fp8 import FP8_DTYPE, fp8_linear_torch, narrow_scale
 from minisgl.quantization import Fp8Config
 
 if TRITON_AVAILABLE:
     from minisgl.kernels.fp8 import fp8_gemm
-    from minisgl.kernels.gemv import gemv, use_gemv
+    from minisgl.kernels.gemv import BLOCK_M, gemv, use_gemv
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -37,16 +37,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, config: Fp8Config,
                bias: torch.Tensor | None = None, silu_mul: bool = False) -> torch.Tensor:
-    """x W^T (+ b) for e4m3 W: on a GPU the split-K GEMV up to its 16 rows (GEMV_ROWS; activations as they
-    are), else the FP8 GEMM (activations rounded to e4m3); elsewhere their torch reference. On an H100
-    (benchmarks/fp8.py, tuned tables) qwen3-8b's four projections took 3.2 ms per decode step in the GEMV
-    at 16 rows and 4.5 ms in the GEMM."""
-    if use_triton(x) and x.dim() == 2 and x.shape[0] <= GEMV_ROWS:
+    """x W^T (+ b) for e4m3 W: on a GPU the split-K GEMV up to its 16 rows, else the FP8 GEMM; elsewhere
+    their torch reference. On an H100 (benchmarks/fp8.py, tuned tables) qwen3-8b's four projections took
+    3.2 ms per decode step in the GEMV at 16 rows and 4.5 ms in the GEMM. With `silu_mul`, x is a merged
+    [gate | up] projection and silu_and_mul(x) is multiplied (inside the GEMV where it runs)."""
+    if use_triton(x) and x.dim() == 2 and x.shape[0] <= BLOCK_M:
         return gemv(x, weight, bias, scale=scale, fp8=config, silu_mul=silu_mul)
     x = silu_and_mul(x) if silu_mul else x
     if use_triton(x) and x.dim() == 2:
         return fp8_gemm(x, weight, scale, config, bias)
-    return fp8_linear_reference(x, weight, scale, config, bias)
+    return fp8_linear_torch(x, weight, scale, config, bias)
 
 
 def layer_linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None,

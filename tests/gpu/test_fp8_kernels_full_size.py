@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernels.test_fp8_kernels import BLOCK128, GPU_SHAPES, TOL, check_experts, check_gemv, check_linear
+from kernels.test_fp8_kernels import BLOCK128, GPU_SHAPES, TOL, check_experts, check_linear, gemv_fp8
 
 from minisgl.kernels import use_pdl
 from minisgl.kernels.fp8 import Fp8GemmConfig, fp8_gemm
 from minisgl.kernels.gemv import BLOCK_M, gemv
 from minisgl.kernels.norm import add_rms_norm
 from minisgl.layers.activation import silu_and_mul_torch
-from minisgl.layers.fp8 import fp8_gemv_torch, quantize_weight
+from minisgl.layers.fp8 import fp8_linear_torch, quantize_weight
 from minisgl.layers.norm import RMSNorm
 from minisgl.quantization import Fp8Config
 
@@ -20,16 +20,15 @@ from minisgl.quantization import Fp8Config
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
 @pytest.mark.parametrize("m", [1, 8, 16, 64, 512])
 def test_fp8_linear_full_size(shape, m):
-    """The GEMV up to its 16 rows (one row: both its CUDA-core and its tensor-core path); the GEMM from 16
-    rows, with the tuned tiles (64 or 128 columns: one weight scale per group) and 256-column ones (a weight
-    scale per column)."""
-    for scales in (BLOCK128, Fp8Config()):
-        for block_m in ([1, BLOCK_M] if m == 1 else [BLOCK_M] if m <= BLOCK_M else []):
-            check_gemv(None, m, *shape, scales, block_m=block_m)
-        if m >= 16:
-            wide = Fp8GemmConfig(block_m=64, block_n=256, num_warps=8)
-            for kernel in (fp8_gemm, lambda x, w, s, c, b: fp8_gemm(x, w, s, c, b, wide)):
-                check_linear(kernel, m, *shape, scales)
+    """The GEMV up to its 16 rows; the GEMM from 16 rows, with the tuned tiles (64 or 128 columns: one weight
+    scale per group) and 256-column ones (a weight scale per column)."""
+    kernels = [gemv_fp8(None)] if m <= BLOCK_M else []
+    if m >= 16:
+        wide = Fp8GemmConfig(block_m=64, block_n=256, num_warps=8)
+        kernels += [fp8_gemm, lambda x, w, s, c, b: fp8_gemm(x, w, s, c, b, wide)]
+    for kernel in kernels:
+        check_linear(kernel, m, *shape, BLOCK128)
+        check_linear(kernel, m, *shape, Fp8Config())
 
 
 @pytest.mark.parametrize("tokens", [1, 8, 256])
@@ -64,5 +63,5 @@ def test_decode_chain_in_a_cuda_graph_with_programmatic_dependent_launch():
         x.normal_(generator=gen), residual.normal_(generator=gen)
         graph.replay()
         h, _ = norm.forward_torch(x, residual)
-        expected = fp8_gemv_torch(silu_and_mul_torch(fp8_gemv_torch(h, w13, s13, BLOCK128)), w2, s2, BLOCK128)
+        expected = fp8_linear_torch(silu_and_mul_torch(fp8_linear_torch(h, w13, s13, BLOCK128)), w2, s2, BLOCK128)
         torch.testing.assert_close(out.float(), expected.float(), **TOL)

@@ -1,6 +1,5 @@
-"""The FP8 kernels (GEMM, decode GEMV, fused experts) against their torch reference: `fp8_linear_torch`
-(activations rounded to e4m3), `fp8_gemv_torch` for the GEMV (activations as they are) and `experts_torch`
-with FP8 experts.
+"""The FP8 kernels (GEMM, decode GEMV, fused experts) against their torch reference, `fp8_linear_torch`
+and `experts_torch` with FP8 experts.
 
 On the CPU they run in Triton's interpreter (tests/helpers.py sets TRITON_INTERPRET=1) at small shapes with
 tails in N and K, float32 activations; tests/gpu/test_fp8_kernels_full_size.py runs them compiled, in
@@ -18,7 +17,7 @@ from minisgl.kernels.fp8 import Fp8GemmConfig, fp8_gemm
 from minisgl.kernels.fused_moe import MoEConfig, fused_experts
 from minisgl.kernels.gemv import GemvConfig, gemv
 from minisgl.layers.activation import silu_and_mul_torch
-from minisgl.layers.fp8 import fp8_gemv_torch, fp8_linear_torch, quantize_weight
+from minisgl.layers.fp8 import fp8_linear_torch, quantize_weight
 from minisgl.layers.moe import experts_torch, route
 from minisgl.quantization import Fp8Config
 
@@ -44,21 +43,15 @@ def operands(m: int, n: int, k: int, config: Fp8Config, bias: bool = False, seed
     return x, w, scale, b
 
 
-def check_linear(kernel, m: int, n: int, k: int, config: Fp8Config, bias: bool = False,
-                 reference=fp8_linear_torch) -> None:
+def check_linear(kernel, m: int, n: int, k: int, config: Fp8Config, bias: bool = False) -> None:
     x, w, scale, b = operands(m, n, k, config, bias, seed=m + n + k)
     out = kernel(x, w, scale, config, b)
     assert out.shape == (m, n) and out.dtype == DTYPE
-    torch.testing.assert_close(out.float().cpu(), reference(x, w, scale, config, b).float().cpu(), **TOL)
+    torch.testing.assert_close(out.float().cpu(), fp8_linear_torch(x, w, scale, config, b).float().cpu(), **TOL)
 
 
-def gemv_fp8(config: GemvConfig | None, block_m: int | None = None):
-    return lambda x, w, scale, fp8, b: gemv(x, w, b, config, scale=scale, fp8=fp8, block_m=block_m)
-
-
-def check_gemv(config: GemvConfig | None, m: int, n: int, k: int, scales: Fp8Config, bias: bool = False,
-               block_m: int | None = None) -> None:
-    check_linear(gemv_fp8(config, block_m), m, n, k, scales, bias, reference=fp8_gemv_torch)
+def gemv_fp8(config: GemvConfig | None):
+    return lambda x, w, scale, fp8, b: gemv(x, w, b, config, scale=scale, fp8=fp8)
 
 
 @pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
@@ -78,37 +71,21 @@ def test_fp8_gemm_small(scales, m, block_n):
 @pytest.mark.parametrize("m", [1, 3, 8])
 def test_fp8_gemv_small(scales, m, split_k):
     """Explicit 16-row tiles sit in one 16-row weight block (one weight scale a step); the default's
-    128-row tiles span several (a scale per row). One row takes the CUDA-core path, more the tensor cores'."""
+    128-row tiles span several (a scale per row)."""
     config = GemvConfig(block_n=16, block_k=32, split_k=split_k) if split_k else None
-    check_gemv(config, m, 50, 300, SMALL[scales], bias=m == 3)
-
-
-@pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
-@pytest.mark.parametrize("scales", list(SMALL))
-def test_fp8_gemv_one_row_on_the_tensor_core_path(scales):
-    """block_m=16 at one row: the path that batches of 2-16 rows take, checked at M = 1 too."""
-    check_gemv(GemvConfig(block_n=16, block_k=32, split_k=4), 1, 50, 300, SMALL[scales], bias=True, block_m=16)
+    check_linear(gemv_fp8(config), m, 50, 300, SMALL[scales], bias=m == 3)
 
 
 @pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
 @pytest.mark.parametrize("m", [1, 3])
 def test_fp8_gemv_with_silu_mul(m):
-    """The down projection's GEMV takes [gate | up] and forms silu(gate) * up itself (both paths)."""
+    """The down projection's GEMV takes [gate | up] and forms silu(gate) * up itself, then quantizes it."""
     config = SMALL["block16x32"]
     gate_up, w, scale, b = operands(m, 50, 600, config, seed=m)
     w, scale = w[:, :300].contiguous(), scale[:, : 300 // 32 + 1].contiguous()
     out = gemv(gate_up, w, None, GemvConfig(block_n=16, block_k=32, split_k=4), scale=scale, fp8=config,
                silu_mul=True)
-    torch.testing.assert_close(out, fp8_gemv_torch(silu_and_mul_torch(gate_up), w, scale, config), **TOL)
-
-
-def test_fp8_gemv_does_not_round_activations():
-    """The GEMV's FP8 path multiplies x as it is: a value that e4m3 cannot hold (1 + 2^-6) comes through."""
-    config = Fp8Config()
-    w = torch.ones(16, 32, dtype=torch.float8_e4m3fn, device=DEVICE)
-    x = torch.full((1, 32), 1 + 2**-6, device=DEVICE, dtype=torch.float32)
-    out = gemv(x, w, scale=torch.ones(16, 1, device=DEVICE), fp8=config)
-    torch.testing.assert_close(out, torch.full((1, 16), 32 * (1 + 2**-6), device=DEVICE))
+    torch.testing.assert_close(out, fp8_linear_torch(silu_and_mul_torch(gate_up), w, scale, config), **TOL)
 
 
 @pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
