@@ -40,7 +40,7 @@ if [ "${SWEEP:-0}" = 1 ]; then
   cp minisgl/kernels/gemv.py minisgl/kernels/fp8.py "$out/"
 fi
 
-vllm_ready=0
+vllm_ready=0 PEER=${PEER:-.peer/c6}
 for spec in ${SPECS:-minisgl:qwen3-8b-fp8:w2,w1:80 minisgl:qwen3-8b:w2:45 minisgl:qwen3-30b-a3b-fp8:w2,w1:100}; do
   IFS=: read -r engine model workloads need <<< "$spec"
   fits "$need" "$spec" || continue
