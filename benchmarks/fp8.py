@@ -4,12 +4,19 @@
     python benchmarks/fp8.py --sweep           # first tune: FP8 GEMV candidates per shape (M = 1 and 8) and
                                                # FP8 GEMM tiles per shape and M (SWEEP_GEMM_M); prints rows
     python benchmarks/fp8.py --sweep --write   # ... and rewrites gemv.FP8_CONFIGS and fp8.FP8_GEMM_CONFIGS
+    python benchmarks/fp8.py --rows 1 8        # only these batch sizes
+    python benchmarks/fp8.py --chain           # a decode step's projections and norms, all 36 layers
 
 The sweep's winners replace the tables in memory before the comparison runs, so its figures are the
 tuned ones. Timed as benchmarks/gemv.py times (CUDA-graph replay, the weight cycled through copies so
 that each call reads it from HBM). Block-scaled weights (128 x 128), as Qwen/Qwen3-8B-FP8. The FP8 GEMM's
 time includes its activation-quantization launch. At 16 rows, the most that FP8 layers send to the GEMV, the
 GEMM's time is printed too (the reason for the routing).
+
+`--chain` times what a decode step runs around attention, layer after layer as the model does (each layer's
+own weights, so that every read comes from HBM): add+RMSNorm, qkv, o (on qkv's first columns), add+RMSNorm,
+gate_up, SiLU-and-mul, down; bf16 and FP8, with SiLU-and-mul as its own launch or inside down's GEMV, and with
+programmatic dependent launch off and on.
 """
 
 from __future__ import annotations
@@ -25,10 +32,13 @@ from gemv import ROTATE_BYTES, shapes
 from ops import MODELS, time_per_call
 from triton.runtime.errors import OutOfResources
 
+import minisgl.kernels
 from minisgl.kernels import fp8 as fp8_kernels
 from minisgl.kernels import gemv as gemv_kernels
 from minisgl.kernels.fp8 import FP8_GEMM_CONFIGS, Fp8GemmConfig, fp8_gemm, pick_config
 from minisgl.kernels.gemv import BLOCK_M, FP8_CONFIGS, GemvConfig, default_config, gemv
+from minisgl.kernels.norm import add_rms_norm
+from minisgl.layers.activation import silu_and_mul
 from minisgl.layers.fp8 import quantize_weight
 from minisgl.layers.linear import fp8_linear, linear
 from minisgl.quantization import Fp8Config
@@ -76,6 +86,50 @@ def fastest(configs, time) -> tuple[float, object]:
     return min(timed, key=lambda row: row[0])
 
 
+def chain(dims, gen: torch.Generator, replays: int) -> None:
+    """us per decode step of every layer's projections and norms (see the module docstring), per variant."""
+    layers = {name: nk for name, nk in shapes(dims, 1).items() if name != "lm_head"}
+    weights = []
+    for _ in range(dims.layers):
+        per_layer = {}
+        for name, (n, k) in layers.items():
+            w = torch.randn(n, k, device="cuda", generator=gen).div_(k**0.5).bfloat16()
+            per_layer[name] = (w, *quantize_weight(w, BLOCK))
+        weights.append(per_layer)
+    norm = torch.ones(dims.hidden, device="cuda", dtype=torch.bfloat16)
+    device = torch.device("cuda", torch.cuda.current_device())  # the key use_pdl caches under
+
+    def project(h, weight, fp8, silu_mul=False):
+        w, wq, scale = weight
+        return fp8_linear(h, wq, scale, BLOCK, silu_mul=silu_mul) if fp8 else linear(h, w, silu_mul=silu_mul)
+
+    def step(x, fp8, fused):
+        residual = x
+        for layer in weights:
+            h, residual = add_rms_norm(x, residual, norm, 1e-6)
+            qkv = project(h, layer["qkv"], fp8)
+            h, residual = add_rms_norm(project(qkv[:, : dims.heads * dims.head_dim], layer["o"], fp8), residual,
+                                       norm, 1e-6)
+            gate_up = project(h, layer["gate_up"], fp8)
+            x = project(gate_up, layer["down"], fp8, True) if fused else project(silu_and_mul(gate_up),
+                                                                                  layer["down"], fp8)
+        return x
+
+    pdl_modes = (False, True) if minisgl.kernels.use_pdl(device) else (False,)  # MINISGL_PDL=0, or before Hopper
+    print(f"\n{torch.cuda.get_device_name()}: one decode step's projections and norms, {dims.layers} layers, us")
+    print("| rows | weights | SiLU-and-mul | PDL off | PDL on |\n|---|---|---|---|---|")
+    for m in (1, 8):
+        x = torch.randn(m, dims.hidden, device="cuda", generator=gen).bfloat16()
+        for fp8, fused in itertools.product((False, True), (False, True)):
+            times = []
+            for pdl in pdl_modes:
+                minisgl.kernels._pdl[device] = pdl
+                times.append(f"{time_per_call(lambda: step(x, fp8, fused), 1, replays):,.0f}")
+            minisgl.kernels._pdl.pop(device)
+            print(f"| {m} | {'FP8' if fp8 else 'bf16'} | {'in down' if fused else 'own launch'} | "
+                  + " | ".join(times) + " |", flush=True)
+
+
 def rewrite_table(path: Path, name: str, rows: list[str]) -> None:
     """Replace the body of the dict literal `NAME: ... = {...}` in a source file with `rows`."""
     pattern = re.compile(rf"^({re.escape(name)}: [^\n]*= )\{{(?:\}}|\n.*?\n\}})$", re.M | re.S)
@@ -90,9 +144,15 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="with --sweep: rewrite the tables in the sources")
     parser.add_argument("--replays", type=int, default=10)
     parser.add_argument("--sweep-replays", type=int, default=2)
+    parser.add_argument("--rows", type=int, nargs="+", default=ROWS, help="batch sizes timed per projection")
+    parser.add_argument("--chain", action="store_true", help="only the decode-step chain (see above)")
     args = parser.parse_args()
     dims = MODELS["qwen3-8b"]
     gen = torch.Generator(device="cuda").manual_seed(0)
+    if args.chain:
+        with torch.inference_mode():
+            chain(dims, gen, args.replays)
+        return
     device = torch.cuda.get_device_name()
     print(f"{device}, qwen3-8b TP 1, us per call (CUDA graph replay, weights from HBM)")
     layers = {layer: nk for layer, nk in shapes(dims, 1).items() if layer != "lm_head"}  # bf16 in FP8 checkpoints
@@ -103,7 +163,7 @@ def main() -> None:
             wq, scale = quantize_weight(w, BLOCK)
             weights[layer] = (w, wq, scale)
         xs = {m: torch.randn(m, max(k for _, k in layers.values()), device="cuda", generator=gen).bfloat16()
-              for m in ROWS}
+              for m in sorted(set(args.rows) | set(SWEEP_GEMV_M) | set(SWEEP_GEMM_M))}
         gemv_rows, gemm_rows = [], []
         for layer, (n, k) in layers.items() if args.sweep else ():
             _, wq, scale = weights[layer]
@@ -135,12 +195,12 @@ def main() -> None:
             rewrite_table(Path(fp8_kernels.__file__), "FP8_GEMM_CONFIGS", gemm_rows)
             print(f"rewrote FP8_CONFIGS in {gemv_kernels.__file__} and FP8_GEMM_CONFIGS in {fp8_kernels.__file__}")
 
-        step = {m: [0.0, 0.0, 0.0] for m in ROWS}  # bf16, FP8, FP8 GEMM where the GEMV serves FP8
+        step = {m: [0.0, 0.0, 0.0] for m in args.rows}  # bf16, FP8, FP8 GEMM where the GEMV serves FP8
         for layer, (n, k) in layers.items():
             w, wq, scale = weights[layer]
             bf16, calls = rotated(w)
             fp8, fp8_calls = rotated(wq)
-            for m in ROWS:
+            for m in args.rows:
                 x = xs[m][:, :k]
                 t_bf16 = time_per_call(lambda: linear(x, next(bf16)), calls, args.replays)
                 t_fp8 = time_per_call(lambda: fp8_linear(x, next(fp8), scale, BLOCK), fp8_calls, args.replays)

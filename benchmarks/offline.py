@@ -1,6 +1,7 @@
 """The standard offline workloads (defined in docs/benchmarks.md), with random (dummy) weights.
 
     python benchmarks/offline.py --config .bench_models/qwen3-0.6b.json --workload w1 [--attn torch]
+    python benchmarks/offline.py --config .bench_models/qwen3-8b-fp8.json --workload w2,w1   # one engine, both
 
 Workloads: w1 (throughput), w2 (batch-1 decode latency), w3 / w3-nocache (shared prefix, radix or
 naive cache), steps (decode step time at batch 1/8/32/128/256 over 512-token contexts).
@@ -98,7 +99,9 @@ WORKLOADS: dict[str, Callable[[Generate], dict]] = {"w1": w1, "w2": w2, "w3": w3
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="a model config.json (e.g. a Hugging Face model's config.json)")
-    parser.add_argument("--workload", choices=["w1", "w2", "w3", "w3-nocache", "steps"], required=True)
+    parser.add_argument("--workload", required=True, type=lambda v: v.split(","),
+                        help=f"one of {sorted(WORKLOADS)}, or several, comma-separated, run in that order on one "
+                             "engine (w3 and w3-nocache not together)")
     parser.add_argument("--attn", default="auto", help="auto | torch | triton | PREFILL,DECODE")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--tp", type=int, default=1)
@@ -107,24 +110,27 @@ def main() -> None:
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"],
                         help="auto: --dtype; fp8: a float8_e4m3fn KV cache")
     args = parser.parse_args()
+    if unknown := set(args.workload) - set(WORKLOADS):
+        parser.error(f"unknown workload(s) {sorted(unknown)}; choose from {sorted(WORKLOADS)}")
     from minisgl import LLM
 
     start = time.perf_counter()
     llm = LLM(model_dir(args.config), dtype=args.dtype, dummy_weights=True, attention_backend=args.attn,
               tp_size=args.tp, max_seq_len=4096, max_prefill_tokens=16384, max_running_requests=256,
-              cache_type="naive" if args.workload == "w3-nocache" else "radix",
+              cache_type="naive" if "w3-nocache" in args.workload else "radix",
               cuda_graph_max_bs=args.cuda_graph_max_bs, overlap_schedule=not args.no_overlap,
               kv_cache_dtype=args.kv_cache_dtype)
     ready = time.perf_counter() - start
-    result = WORKLOADS[args.workload](minisgl_generate(llm))
-    if args.workload.startswith("w3"):
-        result["cache"] = llm.engine.args.cache_type
-    kv_tokens = llm.engine.num_pages * llm.engine.page_size  # read before shutdown() drops the engine
+    kv_tokens = llm.engine.num_pages * llm.engine.page_size
+    for workload in args.workload:  # each line printed as it comes: a later workload's failure keeps it
+        result = WORKLOADS[workload](minisgl_generate(llm))
+        if workload.startswith("w3"):
+            result["cache"] = llm.engine.args.cache_type
+        print(json.dumps({"model": Path(args.config).stem, "tp": args.tp, "attn": args.attn,
+                          "graphs": args.cuda_graph_max_bs, "overlap": not args.no_overlap, "kv": args.kv_cache_dtype,
+                          "kv_tokens": kv_tokens, "ready_s": round(ready, 1),
+                          **result}), flush=True)
     llm.shutdown()
-    print(json.dumps({"model": Path(args.config).stem, "tp": args.tp, "attn": args.attn,
-                      "graphs": args.cuda_graph_max_bs, "overlap": not args.no_overlap, "kv": args.kv_cache_dtype,
-                      "kv_tokens": kv_tokens, "ready_s": round(ready, 1),
-                      **result}), flush=True)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from minisgl.kernels import use_pdl
+
 LOG2E = 1.4426950408889634
 
 
@@ -107,10 +109,12 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, page_table_ptr, rows_ptr, seq_lens
                          part_lse_ptr, stride_qt, stride_qh, stride_slot, stride_kh, stride_pt, stride_ot, stride_oh,
                          qk_scale, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
                          NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_D: tl.constexpr, COMPUTE: tl.constexpr):
+                         BLOCK_D: tl.constexpr, COMPUTE: tl.constexpr, PDL: tl.constexpr):
     """Program (request, KV head, split): the GROUP query heads of one KV head over one key range.
     With one split the result is final; else the normalised partial output and its log2-sum-exp go
     to scratch [B, heads, NUM_SPLITS, (D)] for the reduce kernel."""
+    if PDL and NUM_SPLITS == 1:  # the o projection's GEMV (a programmatic dependent) may launch now
+        tl.extra.cuda.gdc_launch_dependents()
     req, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + req)
     chunk = _split_chunk(seq_len, NUM_SPLITS, BLOCK_N)
@@ -150,8 +154,10 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, page_table_ptr, rows_ptr, seq_lens
 @triton.jit(do_not_specialize=["seq_lens_ptr"])
 def _decode_reduce_kernel(seq_lens_ptr, part_out_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh,
                           HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     """Program (request, query head): weight each non-empty split by its share of the softmax mass."""
+    if PDL:  # the o projection's GEMV (a programmatic dependent) may launch now
+        tl.extra.cuda.gdc_launch_dependents()
     req, head = tl.program_id(0), tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + req)
     used = tl.cdiv(seq_len, _split_chunk(seq_len, NUM_SPLITS, BLOCK_N))
@@ -249,12 +255,13 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         out.stride(0), out.stride(1), _qk_scale(head_dim),
         GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, NUM_SPLITS=num_splits,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=config.decode_block_n, BLOCK_D=block_d,
-        COMPUTE=_compute_dtype(q, k_cache), num_warps=config.decode_warps, num_stages=config.decode_stages)
+        COMPUTE=_compute_dtype(q, k_cache), PDL=use_pdl(q.device), num_warps=config.decode_warps,
+        num_stages=config.decode_stages)
     if num_splits > 1:
         _decode_reduce_kernel[(batch, heads)](
             seq_lens, part_out, part_lse, out, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, NUM_SPLITS=num_splits, BLOCK_N=config.decode_block_n,
-            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, num_warps=4)
+            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, PDL=use_pdl(q.device), num_warps=4)
 
 
 def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,

@@ -20,9 +20,16 @@ GEMV itself.
 FP8 weights (e4m3 with block or per-channel scales, see `minisgl.kernels.fp8`) halve the bytes streamed:
 BLOCK_K is then the scale group; each program quantizes its slice of x per row and group in registers
 and scales each group's product by the activation and weight scales (one scalar weight scale per step
-where the tile's rows sit in one weight block). FP8 layers take this kernel up to its 16 rows: on an H100
-qwen3-8b's projections took 3.2 ms a decode step here at 16 rows against 4.5 ms in the FP8 GEMM, while
-64-row tiles (tried) took 8.1 ms against the GEMM's 4.7 (benchmarks/fp8.py).
+where the tile's rows sit in one weight block; per-channel scales once, after the loop). FP8 layers take
+this kernel up to its 16 rows: on an H100 qwen3-8b's projections took 3.2 ms a decode step here at 16 rows
+against 4.5 ms in the FP8 GEMM, while 64-row tiles (tried) took 8.1 ms against the GEMM's 4.7
+(benchmarks/fp8.py). Leaving x unquantized and widening the weights instead was slower at one row on the
+same kind of H100: 3.65 ms a step on the CUDA cores, 4.30 on the tensor cores, against this kernel's 3.18.
+
+On Hopper the kernel is launched as a programmatic dependent (`minisgl.kernels.use_pdl`): it reads its first
+weight tile while the kernel before it finishes and waits (griddepcontrol.wait) only before reading x. With
+`silu_mul` it reads a merged [gate | up] projection and forms the MLP's activation per step, saving that
+kernel's launch.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from minisgl.kernels import use_pdl
 from minisgl.kernels.fp8 import EMULATE, dot_e4m3, quantize_tile, scale_strides
 from minisgl.quantization import Fp8Config
 
@@ -43,10 +51,39 @@ TARGET_PROGRAMS = 256  # about two programs per SM of an H100/H200 (132 SMs)
 
 
 @triton.jit
+def _gemv_step(acc, w, x_ptrs, k, k_stop, kk, m, n, pid_n, M, N, K, s_ptr, stride_sn, stride_sk,
+               PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               SCALE_ROWS: tl.constexpr, FP8: tl.constexpr, SCALE_ALONG_K: tl.constexpr, SILU_MUL: tl.constexpr,
+               EMULATE: tl.constexpr):
+    """One BLOCK_K step: this program's weight tile w times x's columns k.. added into acc."""
+    in_k = k + kk < k_stop
+    xt = tl.load(x_ptrs, mask=in_k[:, None] & (m[None, :] < M), other=0.0)
+    if SILU_MUL:  # x is [gate | up]: this step's silu(gate) * up, rounded as activation.silu_and_mul does
+        up = tl.load(x_ptrs + K, mask=in_k[:, None] & (m[None, :] < M), other=0.0)
+        gate = xt.to(tl.float32)
+        xt = (gate / (1.0 + tl.exp(-gate))).to(up.dtype) * up
+    if FP8:  # x's group k.. quantized per row in registers; one scale group per step, k a multiple of BLOCK_K
+        xq, sx = quantize_tile(xt, 0, EMULATE)
+        if not SCALE_ALONG_K:  # per-channel: the weight scales are applied once, after the loop
+            scale = sx[None, :]
+        elif SCALE_ROWS % BLOCK_N == 0:  # the tile's rows share one weight block: a scalar weight scale
+            sw = tl.load(s_ptr + (pid_n * BLOCK_N // SCALE_ROWS) * stride_sn + k // BLOCK_K * stride_sk)
+            scale = (sx * sw)[None, :]
+        else:
+            sw = tl.load(s_ptr + (n // SCALE_ROWS) * stride_sn + k // BLOCK_K * stride_sk, mask=n < N, other=0.0)
+            scale = sw[:, None] * sx[None, :]
+        acc += dot_e4m3(w, xq, EMULATE) * scale
+    else:
+        acc = tl.dot(w, xt, acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, M, N, K, k_per_split, split_k,
                  stride_xm, stride_wn, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 s_ptr, stride_sn, stride_sk, SCALE_ROWS: tl.constexpr, FP8: tl.constexpr, EMULATE: tl.constexpr):
+                 s_ptr, stride_sn, stride_sk, SCALE_ROWS: tl.constexpr, FP8: tl.constexpr,
+                 SCALE_ALONG_K: tl.constexpr, SILU_MUL: tl.constexpr, PDL: tl.constexpr, EMULATE: tl.constexpr):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
@@ -56,23 +93,27 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, M, N
     w_ptrs = w_ptr + n[:, None].to(tl.int64) * stride_wn + (k_start + kk)[None, :]
     x_ptrs = x_ptr + m[None, :] * stride_xm + (k_start + kk)[:, None]  # x^T: [BLOCK_K, BLOCK_M]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # y^T of this tile
-    for k in range(k_start, k_stop, BLOCK_K):
-        in_k = k + kk < k_stop
-        w = tl.load(w_ptrs, mask=(n[:, None] < N) & in_k[None, :], other=0.0, eviction_policy="evict_first")
-        xt = tl.load(x_ptrs, mask=in_k[:, None] & (m[None, :] < M), other=0.0)
-        if FP8:  # one scale group per step: k is a multiple of BLOCK_K, the group
-            xq, sx = quantize_tile(xt, 0, EMULATE)
-            if SCALE_ROWS % BLOCK_N == 0:  # the tile's rows share one weight block: a scalar weight scale
-                sw = tl.load(s_ptr + (pid_n * BLOCK_N // SCALE_ROWS) * stride_sn + k // BLOCK_K * stride_sk)
-                acc += dot_e4m3(w, xq, EMULATE) * (sx * sw)[None, :]
-            else:
-                sw = tl.load(s_ptr + (n // SCALE_ROWS) * stride_sn + k // BLOCK_K * stride_sk, mask=n < N,
-                             other=0.0)
-                acc += dot_e4m3(w, xq, EMULATE) * sw[:, None] * sx[None, :]
-        else:
-            acc = tl.dot(w, xt, acc, input_precision=PRECISION)
+    if PDL:  # launched before the previous kernel ends: read the first weight tile (no kernel writes W) while
+        # it finishes, let the next kernel launch likewise, and wait for the previous one before reading x
+        w = tl.load(w_ptrs, mask=(n[:, None] < N) & (kk < k_stop - k_start)[None, :], other=0.0,
+                    eviction_policy="evict_first")
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+        acc = _gemv_step(acc, w, x_ptrs, k_start, k_stop, kk, m, n, pid_n, M, N, K, s_ptr, stride_sn,
+                         stride_sk, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SCALE_ROWS, FP8, SCALE_ALONG_K, SILU_MUL,
+                         EMULATE)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
+    for k in range(k_start + PDL * BLOCK_K, k_stop, BLOCK_K):
+        w = tl.load(w_ptrs, mask=(n[:, None] < N) & (k + kk < k_stop)[None, :], other=0.0,
+                    eviction_policy="evict_first")
+        acc = _gemv_step(acc, w, x_ptrs, k, k_stop, kk, m, n, pid_n, M, N, K, s_ptr, stride_sn,
+                         stride_sk, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SCALE_ROWS, FP8, SCALE_ALONG_K, SILU_MUL,
+                         EMULATE)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    if FP8 and not SCALE_ALONG_K:
+        acc *= tl.load(s_ptr + n * stride_sn, mask=n < N, other=0.0)[:, None]
 
     tile = m[None, :] * N + n[:, None]  # offsets of y^T's elements in a row-major [M, N]
     in_tile = (n[:, None] < N) & (m[None, :] < M)
@@ -197,13 +238,16 @@ def arrival_counters(device: torch.device) -> torch.Tensor:
 
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
          config: GemvConfig | None = None, scale: torch.Tensor | None = None,
-         fp8: Fp8Config | None = None) -> torch.Tensor:
+         fp8: Fp8Config | None = None, silu_mul: bool = False) -> torch.Tensor:
     """F.linear(x, w, bias) for x [M, K] with M <= 16, w [N, K] with unit stride along K, bias [N]; float32
     accumulation, output [M, N] in x's dtype. `config` overrides CONFIGS and default_config. An e4m3 w
-    comes with its `scale` and `fp8` settings: the result is then `fp8_linear_torch`'s."""
-    m, k = x.shape
+    comes with its `scale` and `fp8` settings: the result is then `fp8_linear_torch`'s. With `silu_mul`, x is
+    a merged [gate | up]
+    projection [M, 2K] and the product is `silu_and_mul(x)` W^T: the MLP's activation without a launch."""
+    m, k = x.shape[0], w.shape[1]
     n = w.shape[0]
-    assert w.shape[1] == k and w.stride(1) == 1, "gemv: x [M, K], w [N, K] with unit stride along K"
+    assert x.shape[1] == (2 if silu_mul else 1) * k and w.stride(1) == 1, \
+        "gemv: x [M, K] (silu_mul: [M, 2K]), w [N, K] with unit stride along K"
     assert (x.dtype == w.dtype) == (fp8 is None), "gemv: w of x's dtype, or e4m3 with its scales"
     assert 1 <= m <= BLOCK_M, f"gemv takes 1..{BLOCK_M} rows, got {m}"
     config = config or (FP8_CONFIGS.get((n, k)) or default_config(n, k, 128, fp8.group) if fp8 else
@@ -222,11 +266,13 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
             x.device)
     else:
         partial, counters = out, out  # unused
+    pdl = use_pdl(x.device)
     _gemv_kernel[(tiles, split_k)](
         x, w, bias if bias is not None else out, out, partial, counters, m, n, k, k_per_split, split_k,
         x.stride(0), w.stride(0), HAS_BIAS=bias is not None, SPLIT=split,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=BLOCK_M, BLOCK_N=config.block_n,
         BLOCK_K=block_k, s_ptr=scale if fp8 else out, stride_sn=stride_sn, stride_sk=stride_sk,
-        SCALE_ROWS=fp8.scale_rows if fp8 else 1, FP8=fp8 is not None, EMULATE=EMULATE, num_warps=config.num_warps,
-        num_stages=config.num_stages)
+        SCALE_ROWS=fp8.scale_rows if fp8 else 1, FP8=fp8 is not None,
+        SCALE_ALONG_K=fp8 is not None and fp8.block is not None, SILU_MUL=silu_mul, PDL=pdl, EMULATE=EMULATE,
+        num_warps=config.num_warps, num_stages=config.num_stages, **({"launch_pdl": True} if pdl else {}))
     return out

@@ -11,10 +11,14 @@ import torch
 import triton
 import triton.language as tl
 
+from minisgl.kernels import use_pdl
+
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, x_row_stride, res_ptr, res_row_stride, out_ptr, res_out_ptr, weight_ptr, n, eps,
-                     ADD_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                     ADD_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # the next kernel, if launched as a programmatic dependent (the decode GEMV), may launch now
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
@@ -44,7 +48,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
     if x2.shape[0] > 0:
         block = triton.next_power_of_2(n)
         _rms_norm_kernel[(x2.shape[0],)](x2, x2.stride(0), res2, res2.stride(0), out, res_out, weight, n, eps,
-                                         ADD_RESIDUAL=residual is not None, BLOCK=block,
+                                         ADD_RESIDUAL=residual is not None, BLOCK=block, PDL=use_pdl(x.device),
                                          num_warps=min(max(block // 256, 1), 16))
     return out, res_out
 

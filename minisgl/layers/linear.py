@@ -15,6 +15,7 @@ from torch import nn
 
 from minisgl.distributed import TPGroup
 from minisgl.kernels import TRITON_AVAILABLE, use_triton
+from minisgl.layers.activation import silu_and_mul
 from minisgl.layers.fp8 import FP8_DTYPE, fp8_linear_torch, narrow_scale
 from minisgl.quantization import Fp8Config
 
@@ -23,31 +24,37 @@ if TRITON_AVAILABLE:
     from minisgl.kernels.gemv import BLOCK_M, gemv, use_gemv
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           silu_mul: bool = False) -> torch.Tensor:
     """F.linear, or on a GPU the split-K GEMV kernel where it was measured faster: a few rows of x (a decode
-    batch) and a weight shape with a row in its config table. Elsewhere F.linear, the kernel's reference."""
+    batch) and a weight shape with a row in its config table. Elsewhere F.linear, the kernel's reference.
+    With `silu_mul`, x is a merged [gate | up] projection and silu_and_mul(x) is multiplied (inside the GEMV
+    where it runs, saving the activation's launch)."""
     if use_triton(x) and x.dim() == 2 and x.dtype == weight.dtype and use_gemv(x.shape[0], *weight.shape):
-        return gemv(x, weight, bias)
-    return F.linear(x, weight, bias)
+        return gemv(x, weight, bias, silu_mul=silu_mul)
+    return F.linear(silu_and_mul(x) if silu_mul else x, weight, bias)
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, config: Fp8Config,
-               bias: torch.Tensor | None = None) -> torch.Tensor:
+               bias: torch.Tensor | None = None, silu_mul: bool = False) -> torch.Tensor:
     """x W^T (+ b) for e4m3 W: on a GPU the split-K GEMV up to its 16 rows, else the FP8 GEMM; elsewhere
     their torch reference. On an H100 (benchmarks/fp8.py, tuned tables) qwen3-8b's four projections took
-    3.2 ms per decode step in the GEMV at 16 rows and 4.5 ms in the GEMM."""
+    3.2 ms per decode step in the GEMV at 16 rows and 4.5 ms in the GEMM. With `silu_mul`, x is a merged
+    [gate | up] projection and silu_and_mul(x) is multiplied (inside the GEMV where it runs)."""
+    if use_triton(x) and x.dim() == 2 and x.shape[0] <= BLOCK_M:
+        return gemv(x, weight, bias, scale=scale, fp8=config, silu_mul=silu_mul)
+    x = silu_and_mul(x) if silu_mul else x
     if use_triton(x) and x.dim() == 2:
-        if x.shape[0] <= BLOCK_M:
-            return gemv(x, weight, bias, scale=scale, fp8=config)
         return fp8_gemm(x, weight, scale, config, bias)
     return fp8_linear_torch(x, weight, scale, config, bias)
 
 
-def layer_linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x through a parallel layer's own weight, FP8 (with its scales) or not."""
+def layer_linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None,
+                 silu_mul: bool = False) -> torch.Tensor:
+    """x (silu_mul: silu_and_mul(x)) through a parallel layer's own weight, FP8 (with its scales) or not."""
     if layer.quant is None:
-        return linear(x, layer.weight, bias)
-    return fp8_linear(x, layer.weight, layer.weight_scale_inv, layer.quant, bias)
+        return linear(x, layer.weight, bias, silu_mul)
+    return fp8_linear(x, layer.weight, layer.weight_scale_inv, layer.quant, bias, silu_mul)
 
 
 def fp8_weight(rows: int, cols: int, quant: Fp8Config | None) -> tuple[nn.Parameter, nn.Parameter | None]:
@@ -149,8 +156,9 @@ class RowParallelLinear(nn.Module):
         unit = self.quant.group if self.quant.block else None
         check_shape(param, narrow_scale(loaded, 1, self.tp.rank * self.local_in, self.local_in, unit), param.data)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(layer_linear(self, x))
+    def forward(self, x: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:
+        """With `silu_mul`, x is a merged [gate | up] projection and the layer multiplies silu(gate) * up."""
+        y = self.tp.all_reduce(layer_linear(self, x, silu_mul=silu_mul))
         return y + self.bias if self.bias is not None else y
 
 

@@ -4,10 +4,16 @@ against their torch reference (the interpreter's small shapes are tests/kernels/
 from __future__ import annotations
 
 import pytest
-from kernels.test_fp8_kernels import BLOCK128, GPU_SHAPES, check_experts, check_linear, gemv_fp8
+import torch
+from kernels.test_fp8_kernels import BLOCK128, GPU_SHAPES, TOL, check_experts, check_linear, gemv_fp8
 
+from minisgl.kernels import use_pdl
 from minisgl.kernels.fp8 import Fp8GemmConfig, fp8_gemm
-from minisgl.kernels.gemv import BLOCK_M
+from minisgl.kernels.gemv import BLOCK_M, gemv
+from minisgl.kernels.norm import add_rms_norm
+from minisgl.layers.activation import silu_and_mul_torch
+from minisgl.layers.fp8 import fp8_linear_torch, quantize_weight
+from minisgl.layers.norm import RMSNorm
 from minisgl.quantization import Fp8Config
 
 
@@ -29,3 +35,33 @@ def test_fp8_linear_full_size(shape, m):
 def test_fp8_fused_experts_full_size(tokens):
     """qwen3-30b-a3b's experts at TP 1: 128 experts, top 8, hidden 2048, intermediate 768."""
     check_experts(tokens, 128, 8, 2048, 768, BLOCK128, None)
+
+
+def test_decode_chain_in_a_cuda_graph_with_programmatic_dependent_launch():
+    """add+RMSNorm -> gate_up GEMV -> down GEMV (SiLU-and-mul inside), qwen3-8b's MLP in FP8, captured once
+    and replayed on fresh inputs: with programmatic dependent launch (on Hopper) each GEMV starts before the
+    kernel it depends on has finished, so one that read x before its wait would give the previous replay's
+    (or a half-written) result."""
+    cuda = torch.device("cuda", torch.cuda.current_device())
+    assert use_pdl(cuda) == (torch.cuda.get_device_capability()[0] >= 9)
+    gen = torch.Generator(device=cuda).manual_seed(0)
+    w13, s13 = quantize_weight(torch.randn(24576, 4096, generator=gen, device=cuda) / 64, BLOCK128)
+    w2, s2 = quantize_weight(torch.randn(4096, 12288, generator=gen, device=cuda) / 110, BLOCK128)
+    norm = RMSNorm(4096, 1e-6).to(cuda, torch.bfloat16)
+    x, residual = (torch.empty(1, 4096, device=cuda, dtype=torch.bfloat16) for _ in range(2))
+
+    def mlp() -> torch.Tensor:
+        h, _ = add_rms_norm(x, residual, norm.weight, norm.eps)
+        return gemv(gemv(h, w13, scale=s13, fp8=BLOCK128), w2, scale=s2, fp8=BLOCK128, silu_mul=True)
+
+    x.normal_(generator=gen), residual.normal_(generator=gen)
+    mlp()  # compiles, and creates the split-K counters outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mlp()
+    for _ in range(3):
+        x.normal_(generator=gen), residual.normal_(generator=gen)
+        graph.replay()
+        h, _ = norm.forward_torch(x, residual)
+        expected = fp8_linear_torch(silu_and_mul_torch(fp8_linear_torch(h, w13, s13, BLOCK128)), w2, s2, BLOCK128)
+        torch.testing.assert_close(out.float(), expected.float(), **TOL)

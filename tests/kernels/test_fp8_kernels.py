@@ -16,6 +16,7 @@ import torch
 from minisgl.kernels.fp8 import Fp8GemmConfig, fp8_gemm
 from minisgl.kernels.fused_moe import MoEConfig, fused_experts
 from minisgl.kernels.gemv import GemvConfig, gemv
+from minisgl.layers.activation import silu_and_mul_torch
 from minisgl.layers.fp8 import fp8_linear_torch, quantize_weight
 from minisgl.layers.moe import experts_torch, route
 from minisgl.quantization import Fp8Config
@@ -73,6 +74,18 @@ def test_fp8_gemv_small(scales, m, split_k):
     128-row tiles span several (a scale per row)."""
     config = GemvConfig(block_n=16, block_k=32, split_k=split_k) if split_k else None
     check_linear(gemv_fp8(config), m, 50, 300, SMALL[scales], bias=m == 3)
+
+
+@pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
+@pytest.mark.parametrize("m", [1, 3])
+def test_fp8_gemv_with_silu_mul(m):
+    """The down projection's GEMV takes [gate | up] and forms silu(gate) * up itself, then quantizes it."""
+    config = SMALL["block16x32"]
+    gate_up, w, scale, b = operands(m, 50, 600, config, seed=m)
+    w, scale = w[:, :300].contiguous(), scale[:, : 300 // 32 + 1].contiguous()
+    out = gemv(gate_up, w, None, GemvConfig(block_n=16, block_k=32, split_k=4), scale=scale, fp8=config,
+               silu_mul=True)
+    torch.testing.assert_close(out, fp8_linear_torch(silu_and_mul_torch(gate_up), w, scale, config), **TOL)
 
 
 @pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")

@@ -14,6 +14,7 @@ from helpers import DEVICE
 
 from minisgl.distributed import TPGroup
 from minisgl.kernels.gemv import CONFIGS, GEMV_MAX_M, GemvConfig, arrival_counters, gemv, use_gemv
+from minisgl.layers.activation import silu_and_mul_torch
 from minisgl.layers.embedding import ParallelLMHead
 from minisgl.layers.linear import ColumnParallelLinear, RowParallelLinear
 
@@ -82,6 +83,28 @@ def test_gemv_reads_strided_rows_and_repeats_exactly():
     torch.testing.assert_close(first.cpu(), reference(x, w, b).cpu(), **TOLERANCE[torch.float32])
     assert torch.equal(gemv(x, w, b, SMALL_SPLIT), first)
     assert not arrival_counters(x.device).any()
+
+
+@pytest.mark.parametrize("config", [SMALL_SPLIT, SMALL_WHOLE], ids=["split4", "whole"])
+@pytest.mark.parametrize("m", [1, 5])
+def test_gemv_with_silu_mul_matches_activation_then_linear(m, config):
+    """x as a merged [gate | up] projection [M, 2K]: the GEMV forms silu(gate) * up per step, rounded as
+    the activation's own kernel rounds it."""
+    gate_up, w, b = operands(m, 50, 600, torch.float32, True, seed=m)
+    out = gemv(gate_up, w[:, :300].contiguous(), b, config, silu_mul=True)
+    expected = reference(silu_and_mul_torch(gate_up), w[:, :300], b)
+    torch.testing.assert_close(out.cpu(), expected.cpu(), **TOLERANCE[torch.float32])
+
+
+def test_row_parallel_layer_with_silu_mul_equals_the_activation_then_the_layer():
+    """The MLP's down projection takes [gate | up]: the same result as silu_and_mul then the layer, on the
+    layer's own path for this device (the GEMV at a tuned shape on a GPU, F.linear on the CPU)."""
+    (n, k), tp = next(iter(CONFIGS)), TPGroup(0, 1)
+    gate_up, w, _ = operands(1, n, 2 * k, LOW_PRECISION if ON_GPU else torch.float32, False)
+    row = RowParallelLinear(k, n, False, tp).to(device=DEVICE, dtype=gate_up.dtype)
+    row.weight.data.copy_(w[:, :k])
+    torch.testing.assert_close(row(gate_up, silu_mul=True), row(silu_and_mul_torch(gate_up)),
+                               **TOLERANCE[gate_up.dtype])
 
 
 def test_use_gemv_takes_decode_batches_of_tuned_shapes():
