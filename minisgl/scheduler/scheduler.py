@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 # Prompt lengths of the warm-up: one per fused-MoE config row and attention variant a prefill may pick.
 WARM_UP_LENGTHS = (4, 24, 48, 96, 192, 384, 768, 1536)
+PREFILL_FLOOR = 64  # prefill tokens a step may always carry beside decodes (Scheduler._prefill_room)
 
 
 class Scheduler:
@@ -49,6 +50,7 @@ class Scheduler:
         self.engine, self.tp = engine, tp
         self.max_prefill_tokens = args.max_prefill_tokens
         self.max_running = args.max_running_requests
+        self.step_ratio = args.max_mixed_step_ratio
         self.overlap = args.overlap_schedule
         self.eos_ids = set(engine.config.eos_token_ids)
         self.kv = KVCacheManager(engine.num_pages, args.page_size, make_prefix_cache(args.cache_type, args.page_size),
@@ -235,9 +237,11 @@ class Scheduler:
         replays piecewise graphs around eager attention (engine/piecewise_graph.py). Hence the server's default
         of 8192 (vLLM's for its API server; offline benchmarks use 16384): measured on an H100 with the pieces,
         2048 and 4096 lowered the ITL p99 only at 256 streams (96 -> 61 / 79 ms on qwen3-0.6b) and raised its
-        TTFT p99 1.5-2.1x and cut its throughput by 11-20% (docs/benchmarks.md, 2026-11-25)."""
+        TTFT p99 1.5-2.1x and cut its throughput by 11-20% (docs/benchmarks.md, 2026-11-25). A fixed token budget
+        cannot serve both ends, since what a token costs depends on what else the step holds; `_prefill_room`
+        therefore also bounds the chunks by time."""
         reqs, lens = self._decodes()
-        self._fill(reqs, lens, self.max_prefill_tokens - len(reqs))
+        self._fill(reqs, lens, self._prefill_room(reqs))
         if not reqs:
             return None
         batch = self._batch(reqs, lens)
@@ -250,6 +254,23 @@ class Scheduler:
             batch.reqs[i].unseen_tokens += 1
         self.kv.flush()
         return batch
+
+    def _prefill_room(self, decodes: list[Req]) -> int:
+        """Prefill tokens the next step may carry beside `decodes`: what is left of the token budget and, while
+        requests decode (with --max-mixed-step-ratio K and a measured step cost model), no more than keeps the
+        step within K times the cost of those decodes alone. Why: a running stream's inter-token gap is the
+        step's time, and a chunk that fills an 8,192-token budget beside 16 decodes makes their step ~5x
+        longer (qwen3-0.6b, H100), while beside 256 decodes, whose attention reads ~250k cached tokens, the
+        same chunk costs about as much again. Bounding by time is tight where decodes are cheap (few
+        streams: a prompt takes a few more, shorter steps to its first token, ~2 ms each) and lets big chunks
+        through where the decode step is long anyway (many streams: a token-count cap there cut throughput
+        and doubled TTFT p99). At least PREFILL_FLOOR tokens, so a prompt always advances; without decodes
+        the budget alone rules (nobody waits on the step)."""
+        room = self.max_prefill_tokens - len(decodes)
+        if not decodes or not self.step_ratio or self.engine.step_cost is None or room <= PREFILL_FLOOR:
+            return room
+        timed = self.engine.step_cost.prefill_room(len(decodes), sum(r.kv_len for r in decodes), self.step_ratio, room)
+        return max(PREFILL_FLOOR, timed)
 
     def _constrained(self, batch: Batch) -> bool:
         """Some request the batch samples for has a grammar."""
