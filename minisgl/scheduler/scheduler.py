@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 # Prompt lengths of the warm-up: one per fused-MoE config row and attention variant a prefill may pick.
 WARM_UP_LENGTHS = (4, 24, 48, 96, 192, 384, 768, 1536)
 PREFILL_FLOOR = 64  # prefill tokens a step may always carry beside decodes (Scheduler._prefill_room)
+MIN_TIMED_DECODES = 32  # fewer decodes than this: the token budget alone bounds a step (Scheduler._prefill_room)
 
 
 class Scheduler:
@@ -50,7 +51,7 @@ class Scheduler:
         self.engine, self.tp = engine, tp
         self.max_prefill_tokens = args.max_prefill_tokens
         self.max_running = args.max_running_requests
-        self.step_ratio = args.max_mixed_step_ratio
+        self.step_ratio, self.min_timed_decodes = args.max_mixed_step_ratio, MIN_TIMED_DECODES
         self.overlap = args.overlap_schedule
         self.eos_ids = set(engine.config.eos_token_ids)
         self.kv = KVCacheManager(engine.num_pages, args.page_size, make_prefix_cache(args.cache_type, args.page_size),
@@ -256,18 +257,25 @@ class Scheduler:
         return batch
 
     def _prefill_room(self, decodes: list[Req]) -> int:
-        """Prefill tokens the next step may carry beside `decodes`: what is left of the token budget and, while
-        requests decode (with --max-mixed-step-ratio K and a measured step cost model), no more than keeps the
-        step within K times the cost of those decodes alone. Why: a running stream's inter-token gap is the
-        step's time, and a chunk that fills an 8,192-token budget beside 16 decodes makes their step ~5x
-        longer (qwen3-0.6b, H100), while beside 256 decodes, whose attention reads ~250k cached tokens, the
-        same chunk costs about as much again. Bounding by time is tight where decodes are cheap (few
-        streams: a prompt takes a few more, shorter steps to its first token, ~2 ms each) and lets big chunks
-        through where the decode step is long anyway (many streams: a token-count cap there cut throughput
-        and doubled TTFT p99). At least PREFILL_FLOOR tokens, so a prompt always advances; without decodes
-        the budget alone rules (nobody waits on the step)."""
+        """Prefill tokens the next step may carry beside `decodes`: what is left of the token budget and, while at
+        least MIN_TIMED_DECODES requests decode (with --max-mixed-step-ratio K and a measured step cost model), no
+        more than keeps the step within K times the cost of those decodes alone.
+
+        Why by time: a running stream's inter-token gap is its step's time, and what a prefill token adds to
+        that depends on what else the step holds. By the start-up model of qwen3-0.6b on an H100, a chunk
+        filling the 8,192-token budget makes a step of 64 decodes ~6x longer (3 -> 18 ms), but a step of 256
+        decodes whose attention reads ~230k cached tokens only ~2.3x (11 -> 26 ms): a cap in tokens is either
+        too tight for the one or too loose for the other (2,048 tokens cost 11-20% of the throughput at 256
+        streams and doubled TTFT p99 there, docs/benchmarks.md). Why not with few decodes: a prompt cut into
+        steps that each stay within K stalls the same few streams several times instead of once, and the
+        gap percentiles count stalls: at 16 streams the cap raised ITL p99 (qwen3-0.6b 6.1 / 6.7 ms at K = 3 /
+        2; qwen3-8b 27.7 ms, against 8.6 ms unchunked in an earlier session), while at 64 streams it lowered it.
+        At least PREFILL_FLOOR tokens, so a prompt always advances; without decodes the budget alone rules
+        (nobody waits on the step). K trades TTFT for the tail: at 64 streams K = 2 against 3 gave ITL p99
+        14.9 / 16.7 ms and TTFT p99 333 / 248 ms (docs/benchmarks.md, 2026-11-25 online)."""
         room = self.max_prefill_tokens - len(decodes)
-        if not decodes or not self.step_ratio or self.engine.step_cost is None or room <= PREFILL_FLOOR:
+        if len(decodes) < self.min_timed_decodes or not self.step_ratio or self.engine.step_cost is None \
+                or room <= PREFILL_FLOOR:
             return room
         timed = self.engine.step_cost.prefill_room(len(decodes), sum(r.kv_len for r in decodes), self.step_ratio, room)
         return max(PREFILL_FLOOR, timed)

@@ -141,10 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--disable-piecewise-cuda-graph", action="store_true",
                         help="--piecewise-cuda-graph-max-tokens 0")
     engine.add_argument("--max-mixed-step-ratio", type=float, default=3.0,
-                        help="a step that mixes prefill chunks into running decodes may cost at most this multiple "
-                             "of the decode step alone, by a model of the device's step time measured at start-up "
-                             "(CUDA, with piecewise graphs): it bounds the inter-token gap a prompt arriving under "
-                             "load causes; 0: only the token budget bounds the chunks (default: 3)")
+                        help="a step that mixes prefill chunks into 32 or more running decodes may cost at most "
+                             "this multiple of the decode step alone, by a model of the device's step time measured "
+                             "at start-up (CUDA, with piecewise graphs): it bounds the inter-token gap a prompt "
+                             "arriving under load causes; 0: only the token budget bounds the chunks (default: 3)")
     engine.add_argument("--disable-overlap-schedule", "--no-async-scheduling", action="store_true",
                         help="run each step to completion before scheduling the next (overlap is on by default; "
                              "vLLM calls it async scheduling)")
