@@ -115,6 +115,7 @@ def main() -> None:
     p.add_argument("--step-ms", type=float, default=18.0, help="the stand-in scheduler's step time")
     p.add_argument("--config", default=".bench_models/qwen3-0.6b.json", help="a config.json (its vocab size)")
     p.add_argument("--port", type=int, default=19191)
+    p.add_argument("--clients", type=int, default=2, help="client processes a level's streams are spread over")
     p.add_argument("--profile", help="record the API process with py-spy into this file (raw, collapsed stacks)")
     p.add_argument("--serve-api", action="store_true", help=argparse.SUPPRESS)
     a, rest = p.parse_known_args()
@@ -134,7 +135,7 @@ def main() -> None:
             spy = subprocess.Popen(["py-spy", "record", "-p", str(api.pid), "-f", "raw", "-o", a.profile, "-r", "200"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         knobs = argparse.Namespace(seed=0, rounds=a.rounds, prompt_len=a.prompt_len, max_id=10000,
-                                   max_tokens=a.max_tokens, requests_out=None, url=url, model="m")
+                                   max_tokens=a.max_tokens, requests_out=None, url=url, model="m", clients=a.clients)
         asyncio.run(warm_up(knobs))
         rows = []
         for n in map(int, a.levels.split(",")):

@@ -32,6 +32,10 @@ class EngineArgs:
     # largest step with prefill tokens replayed from piecewise CUDA graphs (engine/piecewise_graph.py, which keeps
     # fewer where the device is the bottleneck anyway); 0 turns them off, as does cuda_graph_max_bs 0
     piecewise_graph_max_tokens: int = 8192
+    # a step that mixes prefill chunks into running decodes may cost at most this multiple of the decode step alone
+    # (by the start-up step cost model, engine/step_cost.py; see Scheduler._prefill_room); 0: the token budget alone.
+    # Off here (offline throughput); the server turns it on
+    max_mixed_step_ratio: float = 0.0
     tokenizer: str | None = None  # a directory or Hub id; None: the model's own (the grammar compiler loads it)
     trust_remote_code: bool = False  # the tokenizer may run its own code
 
@@ -59,6 +63,7 @@ class EngineArgs:
         check(0 < self.memory_ratio <= 1, "memory_ratio", "in (0, 1]")
         check(self.cuda_graph_max_bs >= 0, "cuda_graph_max_bs", ">= 0")
         check(self.piecewise_graph_max_tokens >= 0, "piecewise_graph_max_tokens", ">= 0")
+        check(self.max_mixed_step_ratio == 0 or self.max_mixed_step_ratio >= 1, "max_mixed_step_ratio", "0 or >= 1")
         names = self.attention_backend.split(",")
         check(len(names) <= 2 and all(n.strip() in ("auto", *BACKENDS) for n in names), "attention_backend",
               f"'auto', one of {BACKENDS} or 'PREFILL,DECODE'")

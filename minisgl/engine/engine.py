@@ -25,6 +25,8 @@ from minisgl.engine.config import EngineArgs
 from minisgl.engine.cuda_graph import DecodeGraphs
 from minisgl.engine.piecewise_graph import PiecewiseGraphs
 from minisgl.engine.sampler import Sampler
+from minisgl.engine.step_cost import StepCost
+from minisgl.engine.step_cost import measure as measure_step_cost
 from minisgl.kvcache.pool import KVPool, kv_cache_dtype
 from minisgl.models import load_model, resolve_model_path
 
@@ -146,6 +148,13 @@ class Engine:
             self.graphs = DecodeGraphs(self._decode_logits, graph_bs, self.pad_row, device)
         if piece_tokens:
             self.piecewise = self._capture_piecewise(piece_tokens)
+        self.step_cost: StepCost | None = None  # the scheduler's model of a step's device time (CUDA only)
+        if self.piecewise is not None:
+            bytes_per_token = KVPool.bytes_per_token(config.num_layers, attn.kv_heads, config.head_dim, self.kv_dtype)
+            self.step_cost = measure_step_cost(self.piecewise.replay_ms, self.piecewise.buckets, bytes_per_token,
+                                               device, lambda us: self.tp.agree(us, dist.ReduceOp.MAX))
+            logger.info("step cost model: %s ms at %s tokens, %.2g ms per 1,000 cached tokens decoded",
+                        self.step_cost.linear_ms, self.step_cost.tokens, 1000 * self.step_cost.kv_ms_per_token)
 
     def _capture_piecewise(self, max_tokens: int) -> PiecewiseGraphs | None:
         """Piecewise graphs for steps with prefill tokens; None, with a warning, for a model whose forward

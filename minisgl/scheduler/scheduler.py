@@ -41,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 # Prompt lengths of the warm-up: one per fused-MoE config row and attention variant a prefill may pick.
 WARM_UP_LENGTHS = (4, 24, 48, 96, 192, 384, 768, 1536)
+PREFILL_FLOOR = 64  # prefill tokens a step may always carry beside decodes (Scheduler._prefill_room)
+MIN_TIMED_DECODES = 32  # fewer decodes than this: the token budget alone bounds a step (Scheduler._prefill_room)
 
 
 class Scheduler:
@@ -49,6 +51,7 @@ class Scheduler:
         self.engine, self.tp = engine, tp
         self.max_prefill_tokens = args.max_prefill_tokens
         self.max_running = args.max_running_requests
+        self.step_ratio, self.min_timed_decodes = args.max_mixed_step_ratio, MIN_TIMED_DECODES
         self.overlap = args.overlap_schedule
         self.eos_ids = set(engine.config.eos_token_ids)
         self.kv = KVCacheManager(engine.num_pages, args.page_size, make_prefix_cache(args.cache_type, args.page_size),
@@ -235,9 +238,11 @@ class Scheduler:
         replays piecewise graphs around eager attention (engine/piecewise_graph.py). Hence the server's default
         of 8192 (vLLM's for its API server; offline benchmarks use 16384): measured on an H100 with the pieces,
         2048 and 4096 lowered the ITL p99 only at 256 streams (96 -> 61 / 79 ms on qwen3-0.6b) and raised its
-        TTFT p99 1.5-2.1x and cut its throughput by 11-20% (docs/benchmarks.md, 2026-11-25)."""
+        TTFT p99 1.5-2.1x and cut its throughput by 11-20% (docs/benchmarks.md, 2026-11-25). A fixed token budget
+        cannot serve both ends, since what a token costs depends on what else the step holds; `_prefill_room`
+        therefore also bounds the chunks by time."""
         reqs, lens = self._decodes()
-        self._fill(reqs, lens, self.max_prefill_tokens - len(reqs))
+        self._fill(reqs, lens, self._prefill_room(reqs))
         if not reqs:
             return None
         batch = self._batch(reqs, lens)
@@ -250,6 +255,30 @@ class Scheduler:
             batch.reqs[i].unseen_tokens += 1
         self.kv.flush()
         return batch
+
+    def _prefill_room(self, decodes: list[Req]) -> int:
+        """Prefill tokens the next step may carry beside `decodes`: what is left of the token budget and, while at
+        least MIN_TIMED_DECODES requests decode (with --max-mixed-step-ratio K and a measured step cost model), no
+        more than keeps the step within K times the cost of those decodes alone.
+
+        Why by time: a running stream's inter-token gap is its step's time, and what a prefill token adds to
+        that depends on what else the step holds. By the start-up model of qwen3-0.6b on an H100, a chunk
+        filling the 8,192-token budget makes a step of 64 decodes ~6x longer (3 -> 18 ms), but a step of 256
+        decodes whose attention reads ~230k cached tokens only ~2.3x (11 -> 26 ms): a cap in tokens is either
+        too tight for the one or too loose for the other (2,048 tokens cost 11-20% of the throughput at 256
+        streams and doubled TTFT p99 there, docs/benchmarks.md). Why not with few decodes: a prompt cut into
+        steps that each stay within K stalls the same few streams several times instead of once, and the
+        gap percentiles count stalls: at 16 streams the cap raised ITL p99 (qwen3-0.6b 6.1 / 6.7 ms at K = 3 /
+        2; qwen3-8b 27.7 ms, against 8.6 ms unchunked in an earlier session), while at 64 streams it lowered it.
+        At least PREFILL_FLOOR tokens, so a prompt always advances; without decodes the budget alone rules
+        (nobody waits on the step). K trades TTFT for the tail: at 64 streams K = 2 against 3 gave ITL p99
+        14.9 / 16.7 ms and TTFT p99 333 / 248 ms (docs/benchmarks.md, 2026-11-25 online)."""
+        room = self.max_prefill_tokens - len(decodes)
+        if len(decodes) < self.min_timed_decodes or not self.step_ratio or self.engine.step_cost is None \
+                or room <= PREFILL_FLOOR:
+            return room
+        timed = self.engine.step_cost.prefill_room(len(decodes), sum(r.kv_len for r in decodes), self.step_ratio, room)
+        return max(PREFILL_FLOOR, timed)
 
     def _constrained(self, batch: Batch) -> bool:
         """Some request the batch samples for has a grammar."""

@@ -148,6 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="--piecewise-cuda-graph-max-tokens 0")
     accepted(engine, "--enable-piecewise-cuda-graph", by="SGLang's",
              does="piecewise CUDA graphs are on unless --disable-piecewise-cuda-graph")
+    engine.add_argument("--max-mixed-step-ratio", type=float, default=3.0,
+                        help="a step that mixes prefill chunks into 32 or more running decodes may cost at most "
+                             "this multiple of the decode step alone, by a model of the device's step time measured "
+                             "at start-up (CUDA, with piecewise graphs): it bounds the inter-token gap a prompt "
+                             "arriving under load causes; 0: only the token budget bounds the chunks (default: 3)")
     engine.add_argument("--disable-overlap-schedule", "--no-async-scheduling", action="store_true",
                         help="run each step to completion before scheduling the next (overlap is on by default; "
                              "vLLM calls it async scheduling)")
@@ -259,6 +264,7 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
             dummy_weights=a.dummy_weight or a.load_format == "dummy",
             cuda_graph_max_bs=0 if a.enforce_eager else a.cuda_graph_max_bs,
             piecewise_graph_max_tokens=0 if a.disable_piecewise_cuda_graph else a.piecewise_cuda_graph_max_tokens,
+            max_mixed_step_ratio=a.max_mixed_step_ratio,
             overlap_schedule=not a.disable_overlap_schedule, kv_cache_dtype=a.kv_cache_dtype,
             quantization=a.quantization, tokenizer=a.tokenizer, trust_remote_code=a.trust_remote_code)
     except ValueError as exc:

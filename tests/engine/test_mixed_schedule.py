@@ -4,7 +4,9 @@ one token budget in the same batch.
 Each step's batch is read where the scheduler hands it to the (real) engine. The checks: while a long
 prompt is chunked in, no step leaves a decode out and none exceeds the budget; admission is FIFO and
 starves nobody; with chunks mixed into decodes, retraction and overlap give the greedy tokens of a plain
-run (each request alone, one big prefill, no overlap).
+run (each request alone, one big prefill, no overlap). With a step cost model (--max-mixed-step-ratio), a
+step that carries decodes carries no more prefill than keeps it within the ratio of their cost, and a prompt
+still advances every step and keeps its place in line.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import pytest
 
 from minisgl import LLM, SamplingParams
 from minisgl.core import Batch, Req
+from minisgl.engine.step_cost import StepCost
 from minisgl.messages import AddReq
+from minisgl.scheduler.scheduler import PREFILL_FLOOR
 
 DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
 VOCAB = 400
@@ -176,3 +180,94 @@ def test_first_tokens_are_read_before_a_prefill_batch_is_launched(tiny_models):
     assert len(prefill_launches) >= 4 and not any(prefill_launches)  # 40 + 7 + 20 tokens, 16 a step
     assert any(launched and read for launched, _, read in ticks)  # decodes still overlap
     assert [len(r.output_ids) for r in reqs] == [12] * 4
+
+
+# A model of the device's step time, as engine/step_cost.py measures on a GPU: flat up to 64 tokens, then linear;
+# decode attention 1 ms per 1,000 cached tokens.
+COST = StepCost(tokens=(16, 64, 256, 512), linear_ms=(1.0, 1.0, 2.0, 3.0), kv_ms_per_token=0.001)
+
+
+def timed(llm: LLM, ratio: float, min_decodes: int = 1) -> LLM:
+    """The engine with COST as its step cost model and the scheduler keeping `ratio` from `min_decodes` decodes on
+    (the server's MIN_TIMED_DECODES would need dozens of requests running on the CPU)."""
+    llm.engine.step_cost, llm.scheduler.step_ratio, llm.scheduler.min_timed_decodes = COST, ratio, min_decodes
+    return llm
+
+
+def split(b: Batch) -> tuple[int, int, int]:
+    """(decodes, cached tokens they read, prefill tokens) of a batch (no prompt here leaves a 1-token chunk)."""
+    decodes = [k for k, n in zip(b.kv_lens, b.extend_lens) if n == 1]
+    return len(decodes), sum(decodes), sum(b.extend_lens) - len(decodes)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_long_prompt_beside_decodes_comes_in_chunks_within_the_cost_ratio(tiny_models, overlap):
+    """Each mixed step's modelled cost stays within the ratio of its decodes' own (or its chunk is the floor),
+    every chunk but the last takes all that room, and the tokens are those of a plain run."""
+    path = tiny_models["qwen3"]
+    llm = timed(engine(path, max_prefill_tokens=1024, max_running_requests=8, overlap_schedule=overlap), 1.5)
+    try:
+        batches = record_batches(llm)
+        short = [Req(i, p, greedy(30), seed=0) for i, p in enumerate(prompts([5, 7, 6]))]
+        long = Req(9, prompts([900], seed=1)[0], greedy(4), seed=0)
+        drive(llm, short, arrivals={3: [long]})
+    finally:
+        llm.shutdown()
+    chunks = [(b, *split(b)) for b in batches if long in b.reqs and b.extend_lens[b.reqs.index(long)] > 1]
+    assert len(chunks) >= 4  # 900 tokens, ~190-200 a step beside three decodes
+    for b, decodes, kv, prefill in chunks:
+        assert decodes == 3  # every short request decodes in the very step the chunk runs in
+        room = max(PREFILL_FLOOR, COST.prefill_room(decodes, kv, 1.5, 1024 - decodes))
+        assert COST.ms(decodes + prefill, kv) <= 1.5 * COST.ms(decodes, kv) or prefill == PREFILL_FLOOR
+        assert prefill == room or b is chunks[-1][0]
+    assert [r.output_ids for r in [*short, long]] == alone(path, [*short, long])
+
+
+def test_without_decodes_the_token_budget_alone_bounds_a_step(tiny_models):
+    llm = timed(engine(tiny_models["qwen3"], max_prefill_tokens=512), 1.0)
+    try:
+        batches = record_batches(llm)
+        drive(llm, [Req(0, prompts([700])[0], greedy(3), seed=0)])
+    finally:
+        llm.shutdown()
+    assert [sum(b.extend_lens) for b in batches[:2]] == [512, 188]
+
+
+def test_beside_fewer_decodes_than_the_minimum_a_prompt_is_not_cut_by_time(tiny_models):
+    """Three decodes, a minimum of four: the long prompt takes what the budget leaves, as without a model."""
+    llm = timed(engine(tiny_models["qwen3"], max_prefill_tokens=1024, max_running_requests=8), 1.5, min_decodes=4)
+    try:
+        batches = record_batches(llm)
+        long = Req(9, prompts([900], seed=1)[0], greedy(2), seed=0)
+        drive(llm, [Req(i, p, greedy(12), seed=0) for i, p in enumerate(prompts([5, 7, 6]))], arrivals={3: [long]})
+    finally:
+        llm.shutdown()
+    chunks = [split(b) for b in batches if long in b.reqs and b.extend_lens[b.reqs.index(long)] > 1]
+    assert chunks == [(3, chunks[0][1], 900)]  # one step: every token beside the three decodes
+
+
+def test_under_the_cost_ratio_admission_stays_fifo_and_every_decode_runs_each_step(tiny_models):
+    """Prompts of every length arriving while others decode, more than may run at once: first tokens come in
+    arrival order, no running request misses a step (record_batches checks), each within the ratio or floor."""
+    llm = timed(engine(tiny_models["qwen2"], max_prefill_tokens=600, max_running_requests=3), 1.3)
+    lengths = [400, 30, 300, 20, 500, 10, 90]
+    reqs = [Req(i, p, greedy(6 + i % 3), seed=0) for i, p in enumerate(prompts(lengths, seed=4))]
+    first_token_at: dict[int, int] = {}
+    try:
+        batches = record_batches(llm)
+        sched = llm.scheduler
+        sched.tick([AddReq(r) for r in reqs[:4]])
+        for k in range(1, 300):
+            if not sched.has_work and k > 3:
+                break
+            sched.tick([AddReq(r) for r in reqs[4:]] if k == 3 else [])
+            for r in reqs:
+                if r.output_ids and r.rid not in first_token_at:
+                    first_token_at[r.rid] = k
+    finally:
+        llm.shutdown()
+    assert all(r.finish_reason == "length" for r in reqs)
+    assert sorted(first_token_at, key=lambda rid: (first_token_at[rid], rid)) == [r.rid for r in reqs]
+    for decodes, kv, prefill in map(split, batches):
+        if decodes and prefill:
+            assert COST.ms(decodes + prefill, kv) <= 1.3 * COST.ms(decodes, kv) + 1e-9 or prefill <= PREFILL_FLOOR

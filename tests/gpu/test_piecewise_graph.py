@@ -70,3 +70,15 @@ def test_fp8_weights_in_bf16_pick_the_eager_forwards_tokens(tiny_models):
             if w.top[0][1] - w.top[1][1] < BF16_TOLERANCE:
                 break
             assert g.token_id == w.token_id and abs(g.logprob - w.logprob) < BF16_TOLERANCE
+
+
+def test_the_step_cost_model_is_measured_from_the_buckets_replays(tiny_models):
+    """The scheduler's step cost model (engine/step_cost.py): one figure per bucket, larger steps never cheaper,
+    and decode attention's cost per cached token from the device's bandwidth (well above 1 TB/s here)."""
+    engine = make_llm(tiny_models["qwen3"]).engine
+    cost, buckets = engine.step_cost, engine.piecewise.buckets
+    assert cost.tokens == tuple(buckets) and len(cost.linear_ms) == len(buckets)
+    assert 0 < cost.linear_ms[0] and list(cost.linear_ms) == sorted(cost.linear_ms)
+    bytes_per_token = engine.pool.bytes_per_token(engine.config.num_layers, engine.model.model.layers[0].self_attn
+                                                  .kv_heads, engine.config.head_dim, engine.kv_dtype)
+    assert 0 < cost.kv_ms_per_token < bytes_per_token / 1e9  # ms per token at more than 1e9 bytes per ms
