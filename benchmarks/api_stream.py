@@ -197,7 +197,7 @@ def main() -> None:
     try:
         asyncio.run(wait_ready(url, api, 120))
         if a.profile:
-            spy = subprocess.Popen(["py-spy", "record", "-p", str(api.pid), "-f", "raw", "-o", a.profile, "-r", "200"],
+            spy = subprocess.Popen(["py-spy", "record", "-p", str(api.pid), "-f", "raw", "-o", a.profile, "-r", "1000"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         knobs = argparse.Namespace(seed=0, rounds=a.rounds, prompt_len=a.prompt_len, max_id=10000,
                                    max_tokens=a.max_tokens, requests_out=None, url=url, model="m", clients=a.clients)
