@@ -7,6 +7,14 @@ At 256 streams and one step every 18 ms the stand-in produces ~14k tokens/s, wha
 H100: a server that keeps up delivers that rate with ITL ~ the step time. Per level it prints online.py's row
 plus the API process's CPU time per delivered token (`api_us_per_token`), the cost this benchmark exists to
 cut. `--profile FILE` records the API process with py-spy (if installed) while the levels run.
+
+    python benchmarks/api_stream.py --burst 64 --background 64 [--profile burst.txt]
+
+`--burst N` measures admission instead: `--background` streams run, and `--bursts` times N new requests (prompts
+`--prompt-len` ids long, one output token) arrive at once. Per burst it prints the API event loop's CPU time per
+admitted request (the burst window's CPU less the background's own rate) and how long the running streams'
+chunks waited: the largest gap between two chunks of a background stream around the burst, against the
+largest in a quiet window of the same length before it.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -25,7 +34,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # online.py's client
 
-from online import level, table, wait_ready, warm_up  # noqa: E402
+import aiohttp  # noqa: E402
+from online import level, one_request, percentile, table, wait_ready, warm_up  # noqa: E402
 
 from minisgl.core import TokenLogprob  # noqa: E402
 from minisgl.messages import AbortReq, AddReq, Ready, ReqOutput, StatsReply, StatsRequest  # noqa: E402
@@ -106,6 +116,64 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+async def background_stream(session: aiohttp.ClientSession, url: str, until: float, arrivals: list[float]) -> None:
+    """One long stream, its chunks' arrival times appended to `arrivals` (perf_counter), closed at `until`."""
+    body = {"model": "m", "prompt": [11, 12, 13], "max_tokens": 1 << 16, "ignore_eos": True, "stream": True}
+    async with session.post(f"{url}/v1/completions", json=body) as resp:
+        async for line in resp.content:
+            if line.startswith(b"data: "):
+                arrivals.append(time.perf_counter())
+            if time.perf_counter() > until:
+                return
+
+
+async def bursts(url: str, a: argparse.Namespace, api_pid: int) -> list[dict]:
+    """`a.bursts` bursts of `a.burst` requests into `a.background` running streams, one every `a.every` s."""
+    rng = random.Random(0)
+    connector = aiohttp.TCPConnector(limit=0)
+    rows = []
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
+        until = time.perf_counter() + 2.0 + a.bursts * a.every
+        streams = [[] for _ in range(a.background)]
+        tasks = [asyncio.create_task(background_stream(session, url, until, s)) for s in streams]
+        await asyncio.sleep(2.0)  # every background stream is running
+        for _ in range(a.bursts):
+            quiet_from, cpu_quiet = time.perf_counter(), loop_cpu_seconds(api_pid)
+            await asyncio.sleep(a.every / 2)
+            start, cpu_start = time.perf_counter(), loop_cpu_seconds(api_pid)
+            prompts = [[rng.randint(10, 10000) for _ in range(rng.randint(*a.prompt_len))] for _ in range(a.burst)]
+            timings = await asyncio.gather(*(one_request(session, url, "m", p, 1) for p in prompts))
+            end, cpu_end = time.perf_counter(), loop_cpu_seconds(api_pid)
+            errors = [t.error for t in timings if t.error]
+            background_rate = (cpu_start - cpu_quiet) / (start - quiet_from)
+            window = end - start
+
+            def largest_gap(lo: float, hi: float) -> float:
+                gaps = [b - a for s in streams for a, b in zip(s, s[1:]) if lo <= b <= hi]
+                return 1000 * max(gaps, default=float("nan"))
+
+            await asyncio.sleep(0.2)  # the chunks that waited behind the burst have arrived
+            rows.append({"burst": a.burst, "background": a.background, "errors": len(errors),
+                         "burst_ms": round(1000 * window, 1),
+                         "ttft_p50_ms": round(percentile([1000 * (t.chunks[0][0] - t.start) for t in timings
+                                                          if t.chunks], 50), 1),
+                         "api_us_per_request": round(1e6 * (cpu_end - cpu_start - background_rate * window)
+                                                     / a.burst),
+                         "stall_ms": round(largest_gap(start, end + 0.2), 1),
+                         "quiet_gap_ms": round(largest_gap(quiet_from, start), 1)})
+            print(json.dumps(rows[-1]), flush=True)
+            await asyncio.sleep(a.every / 2 - 0.2)
+        await asyncio.gather(*tasks)
+    return rows
+
+
+def loop_cpu_seconds(pid: int) -> float:
+    """CPU time of the process's main thread, the API's event loop, in ns resolution (/proc/PID/schedstat): a
+    burst of 64 requests is a few clock ticks of cpu_seconds' resolution."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--levels", default="64,256")
@@ -117,6 +185,10 @@ def main() -> None:
     p.add_argument("--port", type=int, default=19191)
     p.add_argument("--clients", type=int, default=2, help="client processes a level's streams are spread over")
     p.add_argument("--profile", help="record the API process with py-spy into this file (raw, collapsed stacks)")
+    p.add_argument("--burst", type=int, help="measure admission: bursts of this many requests (see above)")
+    p.add_argument("--background", type=int, default=64, help="running streams the bursts arrive into")
+    p.add_argument("--bursts", type=int, default=5)
+    p.add_argument("--every", type=float, default=2.0, help="seconds between bursts")
     p.add_argument("--serve-api", action="store_true", help=argparse.SUPPRESS)
     a, rest = p.parse_known_args()
     vocab = json.loads(Path(a.config).read_text())["vocab_size"]
@@ -132,11 +204,19 @@ def main() -> None:
     try:
         asyncio.run(wait_ready(url, api, 120))
         if a.profile:
-            spy = subprocess.Popen(["py-spy", "record", "-p", str(api.pid), "-f", "raw", "-o", a.profile, "-r", "200"],
+            spy = subprocess.Popen(["py-spy", "record", "-p", str(api.pid), "-f", "raw", "-o", a.profile, "-r", "1000"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         knobs = argparse.Namespace(seed=0, rounds=a.rounds, prompt_len=a.prompt_len, max_id=10000,
                                    max_tokens=a.max_tokens, requests_out=None, url=url, model="m", clients=a.clients)
         asyncio.run(warm_up(knobs))
+        if a.burst:
+            found = asyncio.run(bursts(url, a, api.pid))
+            print("| burst | background | API CPU us/request p50 (min-max) | stall ms p50 (max) | quiet gap ms p50 |")
+            print("|---|---|---|---|---|")
+            cost, stall = [r["api_us_per_request"] for r in found], [r["stall_ms"] for r in found]
+            print(f"| {a.burst} | {a.background} | {percentile(cost, 50)} ({min(cost)}-{max(cost)}) | "
+                  f"{percentile(stall, 50)} ({max(stall)}) | {percentile([r['quiet_gap_ms'] for r in found], 50)} |")
+            return
         rows = []
         for n in map(int, a.levels.split(",")):
             before = cpu_seconds(api.pid)

@@ -103,7 +103,10 @@ def test_prompt_shapes(prompt, expected):
     assert completion(prompt=prompt).prompts() == expected
 
 
-@pytest.mark.parametrize("prompt", ["", [], ["a", ""], [[1], []], [1, -2], [[1, 2], ["a"]], {"a": 1}, None])
+@pytest.mark.parametrize("prompt", ["", [], ["a", ""], [[1], []], [1, -2], [[1, 2], ["a"]], {"a": 1}, None,
+                                    # past the plain-ids fast path (types.PlainIdsFirst): one bad id late in a list
+                                    [*range(1000), True], [*range(1000), -1], [*range(1000), "7"], [[1], [2, True]],
+                                    [[1, 2], 3], [[]], [[1], [2, None]]])
 def test_bad_prompts_are_refused_naming_prompt(prompt):
     assert refused_field(completion, prompt=prompt) == "prompt"
 
@@ -132,6 +135,8 @@ def test_integral_numbers_count_as_integers():
     req = completion(prompt=[1.0, 2], max_tokens=3.0, n=2.0)
     assert req.prompt == [1, 2] and req.max_tokens == 3 and req.n == 2
     assert all(type(x) is int for x in req.prompt)
+    batch = completion(prompt=[[1, 2], [*range(100), 3.0]]).prompt  # a float past the fast path's first row
+    assert batch == [[1, 2], [*range(100), 3]] and all(type(x) is int for row in batch for x in row)
 
 
 @pytest.mark.parametrize("make, fields, field", [

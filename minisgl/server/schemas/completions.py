@@ -15,6 +15,7 @@ from minisgl.server.schemas.types import (
     LogprobCount,
     NewIds,
     NonEmptyText,
+    PlainIdsFirst,
     PromptIds,
     TokenId,
     Usage,
@@ -26,8 +27,8 @@ TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
 
 class CompletionRequest(SamplingFields, VllmExtras, HiddenStatesOption):
-    prompt: NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)] | TokenIds | \
-        Annotated[list[TokenIds], Field(min_length=1)]
+    prompt: Annotated[NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)] | TokenIds |
+                      Annotated[list[TokenIds], Field(min_length=1)], PlainIdsFirst]
     DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
     max_tokens: integer(ge=1) | None = Field(None, description="left out or null: 16 (OpenAI's default), lowered to "

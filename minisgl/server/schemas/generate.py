@@ -10,7 +10,15 @@ from pydantic.json_schema import SkipJsonSchema
 from minisgl.core import Constraint
 from minisgl.server.schemas.completions import TokenIds
 from minisgl.server.schemas.sampling import SamplingFields, json_schema_constraint
-from minisgl.server.schemas.types import SERVED_MODEL_MARK, NonEmptyText, StrictRequest, Text, integer, omitted
+from minisgl.server.schemas.types import (
+    SERVED_MODEL_MARK,
+    NonEmptyText,
+    PlainIdsFirst,
+    StrictRequest,
+    Text,
+    integer,
+    omitted,
+)
 
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128
 # Fields of SamplingFields that belong to a request's top level, not to sampling_params.
@@ -64,7 +72,7 @@ class GenerateBody(StrictRequest):
     model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["text"]}, {"required": ["input_ids"]}]})
 
     text: NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)] = None
-    input_ids: TokenIds | Annotated[list[TokenIds], Field(min_length=1)] = None
+    input_ids: Annotated[TokenIds | Annotated[list[TokenIds], Field(min_length=1)], PlainIdsFirst] = None
     sampling_params: NativeSamplingParams = Field(default_factory=NativeSamplingParams)
     stream: bool = False
     model: Text = Field(None, description="optional; when given, the served model's name",

@@ -20,7 +20,9 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    ValidatorFunctionWrapHandler,
     WithJsonSchema,
+    WrapValidator,
     computed_field,
 )
 
@@ -60,6 +62,21 @@ def integer(ge: int | None = None, le: int | None = None, **schema_extra: Any) -
 
 
 TokenId = integer(ge=0, **{TOKEN_ID_MARK: True})
+
+
+def _plain_token_ids(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """Token-id prompts as clients send them, a list (or a batch of lists) of plain non-negative ints, taken at C
+    speed; anything else goes through the field's own validation (same result, same errors). Why: that path calls
+    a Python validator per id (3.0 taken as 3) and first tries the text members of the union, ~120 us for 640 ids
+    on the API's event loop, where every running stream's next chunk waits behind it."""
+    if type(value) is list and value:
+        rows = value if type(value[0]) is list else (value,)
+        if all(type(row) is list and row and set(map(type, row)) == {int} and min(row) >= 0 for row in rows):
+            return value
+    return handler(value)
+
+
+PlainIdsFirst = WrapValidator(_plain_token_ids)  # on a prompt field that takes token ids
 LogprobCount = integer(ge=0, **{LOGPROBS_MARK: True})  # at most the server's --max-logprobs (boundary checks it)
 
 
