@@ -11,6 +11,7 @@ import os
 import random
 import re
 import select
+import shutil
 import signal
 import socket
 import string
@@ -339,8 +340,20 @@ def test_schemathesis_finds_no_5xx_and_no_contract_violation(model, tmp_path):
 # ---------------------------------------------------------------- limits that hold
 
 
-def test_a_burst_past_the_queue_limit_is_admitted_only_up_to_it(model):
-    srv = Server(model, "--max-queued-requests", "2", "--max-running-requests", "1")
+def long_context_copy(model: str, directory: Path, positions: int) -> str:
+    """The tiny model with a longer context (rotary positions are computed, so only config.json changes)."""
+    copy = directory / "long-context"
+    shutil.copytree(model, copy)
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "max_position_embeddings": positions}))
+    return str(copy)
+
+
+def test_a_burst_past_the_queue_limit_is_admitted_only_up_to_it(model, tmp_path):
+    # the long request must still hold the running slot when the whole burst has arrived: at the tiny model's
+    # 2,048 positions it could finish first on a loaded machine, and its freed slot admitted more than 2
+    srv = Server(long_context_copy(model, tmp_path, 16384), "--max-queued-requests", "2",
+                 "--max-running-requests", "1")
     try:
         room = srv.info()["max_seq_len"] - 2  # as long as the context allows (beyond it is a 400)
         long = {"model": "tiny", "prompt": [5, 6], "max_tokens": room, "ignore_eos": True, "stream": True}
