@@ -87,6 +87,8 @@ class LLM:
                 _, finished = self.scheduler.take_outputs()
                 for req in finished:
                     pending.discard(req.rid)
+            while self.scheduler.can_step:  # a stop nobody could foresee leaves the next step launched: read it
+                self.scheduler.tick([])
         except BaseException as exc:
             if not self._followers.procs:
                 raise

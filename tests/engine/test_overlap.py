@@ -113,6 +113,17 @@ def test_finish_while_next_step_in_flight(engines):
     assert pages_idle(overlap)
 
 
+def test_generate_returns_with_the_engine_idle(engines):
+    """A stop id cannot be foreseen, so the step after the last token is already launched when generate()'s
+    last request stops: generate() reads it before returning, leaving the engine idle, as without overlap."""
+    overlap, plain = engines
+    prompt = random_prompts([8], VOCAB, seed=11)[0]
+    stop = plain.generate(prompt, greedy(12))[0].token_ids[4]
+    out = overlap.generate(prompt, SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop]))[0]
+    assert out.finish_reason == "stop" and out.token_ids[-1] == stop
+    assert overlap.scheduler.unread_step is None and pages_idle(overlap)
+
+
 def test_abort_while_token_in_flight(engines):
     overlap, plain = engines
     prompts = random_prompts([9, 6, 11], VOCAB, seed=6)
