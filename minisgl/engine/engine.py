@@ -151,8 +151,8 @@ class Engine:
         self.step_cost: StepCost | None = None  # the scheduler's model of a step's device time (CUDA only)
         if self.piecewise is not None:
             bytes_per_token = KVPool.bytes_per_token(config.num_layers, attn.kv_heads, config.head_dim, self.kv_dtype)
-            self.step_cost = measure_step_cost(self.piecewise.replay_ms, self.piecewise.buckets, bytes_per_token,
-                                               device, lambda us: self.tp.agree(us, dist.ReduceOp.MAX))
+            self.step_cost = measure_step_cost(self.piecewise.replay_without_attention, self.piecewise.buckets,
+                                               bytes_per_token, device, lambda us: self.tp.agree(us, dist.ReduceOp.MAX))
             logger.info("step cost model: %s ms at %s tokens, %.2g ms per 1,000 cached tokens decoded",
                         self.step_cost.linear_ms, self.step_cost.tokens, 1000 * self.step_cost.kv_ms_per_token)
 

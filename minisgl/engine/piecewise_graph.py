@@ -178,18 +178,12 @@ class PiecewiseGraphs:
         pieces[-1].replay()
         return self.hidden[tokens][:n]
 
-    def replay_ms(self, tokens: int, repeats: int) -> float:
-        """Device time of one replay of bucket `tokens`' pieces without attention (everything a step of that many
-        tokens runs but attention), the mean of `repeats` enqueued back to back; for the step cost model
-        (engine/step_cost.py). Only before serving: the static slots must still all be the scratch slot."""
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        for _ in range(repeats):
-            for piece in self.pieces[tokens]:
-                piece.replay()
-        end.record()
-        end.synchronize()
-        return begin.elapsed_time(end) / repeats
+    def replay_without_attention(self, tokens: int) -> None:
+        """Replay bucket `tokens`' pieces back to back, attention left out: everything a step of that many tokens
+        runs but attention, for the step cost model to time (engine/step_cost.py). Only before serving: the
+        static slots must still all be the scratch slot."""
+        for piece in self.pieces[tokens]:
+            piece.replay()
 
     def release(self) -> None:
         """Destroy the graphs now (under tensor parallelism, before the NCCL communicator: see DecodeGraphs)."""

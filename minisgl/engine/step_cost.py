@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
@@ -60,32 +61,38 @@ class StepCost:
         return low
 
 
-def measure(replay_ms: Callable[[int, int], float], buckets: list[int], kv_bytes_per_token: int,
+def measure(replay: Callable[[int], None], buckets: list[int], kv_bytes_per_token: int,
             device: torch.device, agree_max: Callable[[int], int]) -> StepCost:
-    """Time each bucket's graphs (`replay_ms(tokens, repeats)`) and the device's copy bandwidth. Every
+    """Time each bucket's graphs (`replay(tokens)` enqueues one replay) and the device's copy bandwidth. Every
     tensor-parallel rank must schedule alike, so the ranks agree on each figure (the slowest rank's, in
     microseconds: `agree_max`)."""
     linear, worst = [], 0.0
     for tokens in buckets:
-        worst = max(worst, agree_max(round(1000 * replay_ms(tokens, REPEATS))) / 1000)
+        worst = max(worst, agree_max(round(1000 * _device_ms(partial(replay, tokens)))) / 1000)
         linear.append(worst)  # timing noise must not make a larger step look cheaper
     copy_us = agree_max(round(1000 * _copy_ms(device)))
     bytes_per_ms = 2 * COPY_BYTES / (max(copy_us, 1) / 1000)  # a copy reads and writes each byte
     return StepCost(tuple(buckets), tuple(linear), kv_bytes_per_token / bytes_per_ms)
 
 
-def _copy_ms(device: torch.device) -> float:
-    """One device-to-device copy of COPY_BYTES, in ms (the mean of REPEATS, after one untimed)."""
-    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
+def _device_ms(run: Callable[[], object]) -> float:
+    """Device time of one `run()`, in ms: the mean of REPEATS enqueued back to back."""
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     begin.record()
     for _ in range(REPEATS):
-        dst.copy_(src)
+        run()
     end.record()
     end.synchronize()
-    ms = begin.elapsed_time(end) / REPEATS
-    del src, dst
+    return begin.elapsed_time(end) / REPEATS
+
+
+def _copy_ms(device: torch.device) -> float:
+    """One device-to-device copy of COPY_BYTES, in ms (after one untimed)."""
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    copy = partial(dst.copy_, src)
+    copy()
+    ms = _device_ms(copy)
+    del src, dst, copy
     torch.cuda.empty_cache()
     return ms
