@@ -96,10 +96,18 @@ def w3(generate: Generate) -> dict:
 WORKLOADS: dict[str, Callable[[Generate], dict]] = {"w1": w1, "w2": w2, "w3": w3, "w3-nocache": w3, "steps": steps}
 
 
+def workload_list(value: str) -> list[str]:
+    """--workload's value (here and in vllm_offline.py): one workload or several, comma-separated."""
+    names = value.split(",")
+    if unknown := sorted(set(names) - set(WORKLOADS)):
+        raise argparse.ArgumentTypeError(f"unknown workload(s) {unknown}; choose from {sorted(WORKLOADS)}")
+    return names
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="a model config.json (e.g. a Hugging Face model's config.json)")
-    parser.add_argument("--workload", required=True, type=lambda v: v.split(","),
+    parser.add_argument("--workload", required=True, type=workload_list,
                         help=f"one of {sorted(WORKLOADS)}, or several, comma-separated, run in that order on one "
                              "engine (w3 and w3-nocache not together)")
     parser.add_argument("--attn", default="auto", help="auto | torch | triton | PREFILL,DECODE")
@@ -110,8 +118,6 @@ def main() -> None:
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"],
                         help="auto: --dtype; fp8: a float8_e4m3fn KV cache")
     args = parser.parse_args()
-    if unknown := set(args.workload) - set(WORKLOADS):
-        parser.error(f"unknown workload(s) {sorted(unknown)}; choose from {sorted(WORKLOADS)}")
     from minisgl import LLM
 
     start = time.perf_counter()

@@ -16,7 +16,7 @@ import json
 import time
 from pathlib import Path
 
-from offline import WORKLOADS, Generate, model_dir
+from offline import WORKLOADS, Generate, model_dir, workload_list
 
 
 def vllm_generate(llm) -> Generate:
@@ -33,12 +33,10 @@ def vllm_generate(llm) -> Generate:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="a model config.json (e.g. .bench_models/*.json)")
-    parser.add_argument("--workload", required=True, type=lambda v: v.split(","),
+    parser.add_argument("--workload", required=True, type=workload_list,
                         help=f"one of {sorted(WORKLOADS)}, or several, comma-separated")
     parser.add_argument("--tp", type=int, default=1)
     args = parser.parse_args()
-    if unknown := set(args.workload) - set(WORKLOADS):
-        parser.error(f"unknown workload(s) {sorted(unknown)}; choose from {sorted(WORKLOADS)}")
     import vllm
 
     start = time.perf_counter()
