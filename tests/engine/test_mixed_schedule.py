@@ -69,6 +69,21 @@ def drive(llm: LLM, reqs: list[Req], arrivals: dict[int, list[Req]] | None = Non
     return done
 
 
+def first_token_ticks(llm: LLM, first: list[Req], later: list[Req], arrive_at: int, ticks: int) -> dict[int, int]:
+    """Tick (at most `ticks` times) until every request finished, `later` added before tick `arrive_at`: the
+    tick at which each request had its first token, by rid."""
+    sched, at = llm.scheduler, {}
+    sched.tick([AddReq(r) for r in first])
+    for k in range(1, ticks):
+        if not sched.has_work and k > arrive_at:
+            break
+        sched.tick([AddReq(r) for r in later] if k == arrive_at else [])
+        for r in (*first, *later):
+            if r.output_ids and r.rid not in at:
+                at[r.rid] = k
+    return at
+
+
 def alone(path: str, reqs: list[Req]) -> list[list[int]]:
     """The plain run: each request by itself, its prompt in one step, no overlap."""
     llm = engine(path, overlap_schedule=False)
@@ -116,18 +131,9 @@ def test_admission_is_fifo_and_starves_no_one(tiny_models):
     llm = engine(tiny_models["qwen2"], max_prefill_tokens=24, max_running_requests=3)
     lengths = [40, 3, 30, 5, 60, 4, 8, 50]
     reqs = [Req(i, p, greedy(5 + i % 3), seed=0) for i, p in enumerate(prompts(lengths, seed=2))]
-    first_token_at: dict[int, int] = {}
     try:
         batches = record_batches(llm)
-        sched = llm.scheduler
-        sched.tick([AddReq(r) for r in reqs[:5]])
-        for k in range(1, 200):
-            if not sched.has_work and k > 4:
-                break
-            sched.tick([AddReq(r) for r in reqs[5:]] if k == 4 else [])
-            for r in reqs:
-                if r.output_ids and r.rid not in first_token_at:
-                    first_token_at[r.rid] = k
+        first_token_at = first_token_ticks(llm, reqs[:5], reqs[5:], arrive_at=4, ticks=200)
     finally:
         llm.shutdown()
     assert all(r.finish_reason == "length" for r in reqs)
@@ -252,18 +258,9 @@ def test_under_the_cost_ratio_admission_stays_fifo_and_every_decode_runs_each_st
     llm = timed(engine(tiny_models["qwen2"], max_prefill_tokens=600, max_running_requests=3), 1.3)
     lengths = [400, 30, 300, 20, 500, 10, 90]
     reqs = [Req(i, p, greedy(6 + i % 3), seed=0) for i, p in enumerate(prompts(lengths, seed=4))]
-    first_token_at: dict[int, int] = {}
     try:
         batches = record_batches(llm)
-        sched = llm.scheduler
-        sched.tick([AddReq(r) for r in reqs[:4]])
-        for k in range(1, 300):
-            if not sched.has_work and k > 3:
-                break
-            sched.tick([AddReq(r) for r in reqs[4:]] if k == 3 else [])
-            for r in reqs:
-                if r.output_ids and r.rid not in first_token_at:
-                    first_token_at[r.rid] = k
+        first_token_at = first_token_ticks(llm, reqs[:4], reqs[4:], arrive_at=3, ticks=300)
     finally:
         llm.shutdown()
     assert all(r.finish_reason == "length" for r in reqs)
