@@ -242,8 +242,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     """F.linear(x, w, bias) for x [M, K] with M <= 16, w [N, K] with unit stride along K, bias [N]; float32
     accumulation, output [M, N] in x's dtype. `config` overrides CONFIGS and default_config. An e4m3 w
     comes with its `scale` and `fp8` settings: the result is then `fp8_linear_torch`'s. With `silu_mul`, x is
-    a merged [gate | up]
-    projection [M, 2K] and the product is `silu_and_mul(x)` W^T: the MLP's activation without a launch."""
+    a merged [gate | up] projection [M, 2K] and the product is `silu_and_mul(x)` W^T: the MLP's activation
+    without a launch."""
     m, k = x.shape[0], w.shape[1]
     n = w.shape[0]
     assert x.shape[1] == (2 if silu_mul else 1) * k and w.stride(1) == 1, \
