@@ -13,7 +13,9 @@ from transformers import AutoTokenizer
 
 @pytest.fixture(scope="session")
 def demo():
-    srv = Server("--demo")
+    # A pool of 65,536 tokens (32 MiB for the demo model): room for generations long enough that a test can
+    # still catch them running after a few HTTP round trips on a loaded machine.
+    srv = Server("--demo", "--num-pages", "65536")
     yield srv
     assert srv.stop() == 0
 

@@ -133,9 +133,9 @@ def running_gauges(server: Server) -> tuple[float, float]:
 def test_aborted_requests_leave_the_gauges(demo):
     """vLLM test_abort_metrics_reset: requests being generated are counted running and hold KV pages; once
     their clients hang up, both gauges are back to 0 (polled until the aborts are processed). The answers
-    are long (1000 tokens each, what the test server's KV pool holds for three) so that they are still
-    running when the gauges are read."""
-    body = {"model": "demo", "prompt": "Hello my name is", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    are long (12,000 tokens each, about 20 s of the demo's CPU decoding for three, all in the test server's KV
+    pool) so that they are still running when the gauges are read; 1,000 tokens once finished first in CI."""
+    body = {"model": "demo", "prompt": "Hello my name is", "max_tokens": 12000, "ignore_eos": True, "stream": True}
     with httpx.Client(base_url=demo.url, timeout=60) as http:
         streams = [http.stream("POST", "/v1/completions", json=body) for _ in range(3)]
         lines = [stream.__enter__().iter_lines() for stream in streams]  # kept: dropping one closes its stream

@@ -260,8 +260,9 @@ def wait_until_nothing_runs(demo) -> None:
 
 def test_cancelling_a_background_response_stops_its_generation(client, demo):
     """vLLM test_background_cancel: cancel answers `cancelled`, the status stays so, and the generation is
-    aborted: no sequence runs and every KV page is free again (cached pages are evictable)."""
-    queued = client.responses.create(input="Write a long story about a cat.", background=True)
+    aborted: no sequence runs and every KV page is free again (cached pages are evictable). Greedy, the demo
+    model's answer to this prompt runs to the context's end (sampled, it may stop after a few tokens)."""
+    queued = client.responses.create(input="Write a long story about a cat.", background=True, temperature=0)
     while client.responses.retrieve(queued.id).status == "queued":
         time.sleep(0.05)
     assert client.responses.cancel(queued.id).status == "cancelled"
@@ -439,9 +440,10 @@ def test_websocket_mode_errors_keep_the_connection(demo):
 
 def test_a_socket_closed_mid_turn_stops_its_generation(demo):
     """A client that hangs up during a turn leaves nothing running: the generation is aborted and its KV
-    pages are free again (as for an HTTP stream the client leaves)."""
+    pages are free again (as for an HTTP stream the client leaves). Greedy, so the turn runs long (see above)."""
     with connect(demo.url.replace("http", "ws") + "/v1/responses") as socket:
-        socket.send(json.dumps({"type": "response.create", "input": "Write a long story about a cat."}))
+        socket.send(json.dumps({"type": "response.create", "input": "Write a long story about a cat.",
+                                "temperature": 0}))
         while json.loads(socket.recv())["type"] != "response.output_text.delta":
             pass
     wait_until_nothing_runs(demo)
