@@ -68,6 +68,8 @@ class SchedulerServer:
             self.scheduler.tick([m for m in messages if not isinstance(m, StatsRequest)])
             self.note_step(before)
             self.report()
+            if self.scheduler.trace is not None:
+                self.scheduler.trace.sent()
             for ask in asks:
                 self.to_api.send_pyobj(StatsReply(ask.ask_id, self.stats()))
 
