@@ -4,9 +4,10 @@
 Every time is `time.monotonic()`, the clock that the server's processes and a client's `time.perf_counter` share on
 Linux. `StepTrace` writes FILE on the scheduler's TP leader, one JSON line per tick that did something:
 
-- `t` (the tick's start); since then, in seconds: `launch_s` (its batch enqueued), `wait_from_s` and `read_s` (the
-  host began to wait for a step's result, and had it: the difference is the time it blocked on the device),
-  `tick_s` (the tick's end); and `sent` (when its outputs left for the detokenizer: server only, None offline);
+- `t` (the tick's start); since then, in seconds: `build_s` (messages applied and its batch built), `launch_s`
+  (the batch enqueued), `wait_from_s` and `read_s` (the host began to wait for a step's result, and had it: the
+  difference is the time it blocked on the device), `tick_s` (the tick's end); and `sent` (when its outputs
+  left for the detokenizer: server only, None offline);
 - the requests that arrived (`added`: [rid, prompt length]) and how many were retracted (`retracted`);
 - the launched step: `step` (its number, or None), `decodes`, `chunks` ([rid, tokens] of its prefill part), `kind`
   (`graph`: a whole decode CUDA graph; `pieces`: piecewise graphs around eager attention; `eager`) and `bucket`
@@ -53,7 +54,7 @@ class StepTrace:
     def launching(self, batch: Batch, kind: tuple[str, int | None]) -> None:
         """Just before `batch` is enqueued: number it, and mark the stream (the step's device span starts here)."""
         self.numbers[id(batch)] = [self.steps, self._event(), None]
-        self.tick.update(step=self.steps, kind=kind[0], bucket=kind[1])
+        self.tick.update(step=self.steps, kind=kind[0], bucket=kind[1], build_at=time.monotonic())
         self.steps += 1
 
     def launched(self, batch: Batch) -> None:
@@ -86,7 +87,8 @@ class StepTrace:
             return
         chunks = [[r.rid, n] for r, n in zip(batch.reqs, batch.extend_lens) if n > 1] if batch else []
         since = {key: round(tick[at] - start, 6) if at in tick else None
-                 for key, at in (("launch_s", "launch_at"), ("read_s", "read_at"), ("wait_from_s", "read_from"))}
+                 for key, at in (("build_s", "build_at"), ("launch_s", "launch_at"), ("wait_from_s", "read_from"),
+                                 ("read_s", "read_at"))}
         self.line = {
             "t": round(start, 6), **since, "tick_s": round(time.monotonic() - start, 6),
             "added": [[r.rid, len(r.prompt_ids)] for r in added], "retracted": retracted,
