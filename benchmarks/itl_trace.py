@@ -34,7 +34,7 @@ from statistics import mean
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from online import percentile  # noqa: E402
-from ttft_trace import json_lines, match_requests  # noqa: E402
+from ttft_trace import json_lines, match_requests, read_ticks  # noqa: E402
 
 PARTS = ("loop", "build", "enqueue graph", "enqueue pieces", "enqueue eager", "device decode", "device mixed",
          "commit", "report", "detok", "api", "to_client")
@@ -54,7 +54,7 @@ class Trace:
     request's outputs passed the detokenizer and the API process."""
 
     def __init__(self, path: str):
-        self.ticks = json_lines(path)
+        self.ticks = read_ticks(path)
         self.token_ticks: dict[int, list[int]] = defaultdict(list)  # rid -> tick index of its k-th token
         self.launched_by: dict[int, dict] = {}  # step number -> the tick that launched it
         for i, tick in enumerate(self.ticks):

@@ -26,6 +26,17 @@ def json_lines(path: str) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
+def read_ticks(path: str) -> list[dict]:
+    """The scheduler's tick lines, each with `sent` (None offline: the line after a tick's on a server)."""
+    ticks: list[dict] = []
+    for line in json_lines(path):
+        if "t" in line:
+            ticks.append({**line, "sent": None})
+        elif ticks:
+            ticks[-1]["sent"] = line["sent"]
+    return ticks
+
+
 def match_requests(requests: list[dict], ticks: list[dict]) -> list[tuple[dict, int, float]]:
     """(request, its rid, the start of the tick that took it in) for each client request found in the trace: the
     first arrival with its prompt length at or after it was sent, in the order they were sent."""
@@ -42,7 +53,7 @@ def match_requests(requests: list[dict], ticks: list[dict]) -> list[tuple[dict, 
 
 
 def main(requests_path: str, trace_path: str) -> None:
-    ticks = json_lines(trace_path)
+    ticks = read_ticks(trace_path)
     launched, read = {}, {}
     for tick in ticks:
         for rid, _ in tick["chunks"]:

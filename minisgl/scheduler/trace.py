@@ -6,8 +6,8 @@ Linux. `StepTrace` writes FILE on the scheduler's TP leader, one JSON line per t
 
 - `t` (the tick's start); since then, in seconds: `build_s` (messages applied and its batch built), `launch_s`
   (the batch enqueued), `wait_from_s` and `read_s` (the host began to wait for a step's result, and had it: the
-  difference is the time it blocked on the device), `tick_s` (the tick's end); and `sent` (when its outputs
-  left for the detokenizer: server only, None offline);
+  difference is the time it blocked on the device), `tick_s` (the tick's end); on a server, a line `{"sent": T}`
+  follows: when the tick's outputs left for the detokenizer;
 - the requests that arrived (`added`: [rid, prompt length]) and how many were retracted (`retracted`);
 - the launched step: `step` (its number, or None), `decodes`, `chunks` ([rid, tokens] of its prefill part), `kind`
   (`graph`: a whole decode CUDA graph; `pieces`: piecewise graphs around eager attention; `eager`) and `bucket`
@@ -44,7 +44,7 @@ class StepTrace:
         self.steps = 0  # steps launched so far
         self.numbers: dict[int, list] = {}  # id(batch) -> [step number, start event, end event] (events: CUDA only)
         self.tick: dict = {}  # this tick's launch and read, so far
-        self.line: dict | None = None  # the last tick's, until its outputs are sent (or the next tick records)
+        self.wrote = False  # a line for the last tick (so its send is worth a line)
 
     @classmethod
     def from_env(cls, is_leader: bool, device: torch.device) -> StepTrace | None:
@@ -79,34 +79,30 @@ class StepTrace:
                          device_ms=round(began.elapsed_time(ended), 3) if began and ended else None)
 
     def record(self, start: float, added: list[Req], retracted: int, batch: Batch | None, got: list[Req]) -> None:
-        """The tick's line (`got`: the requests that got a token in it); written when its outputs are sent or when
-        the next tick records."""
-        self.flush()
+        """The tick's line; `got`: the requests that got a token in it."""
         tick, self.tick = self.tick, {}
-        if not (added or batch or "read" in tick):  # an idle tick
+        self.wrote = bool(added or batch or "read" in tick)
+        if not self.wrote:  # an idle tick
             return
         chunks = [[r.rid, n] for r, n in zip(batch.reqs, batch.extend_lens) if n > 1] if batch else []
         since = {key: round(tick[at] - start, 6) if at in tick else None
                  for key, at in (("build_s", "build_at"), ("launch_s", "launch_at"), ("wait_from_s", "read_from"),
                                  ("read_s", "read_at"))}
-        self.line = {
+        self._write({
             "t": round(start, 6), **since, "tick_s": round(time.monotonic() - start, 6),
             "added": [[r.rid, len(r.prompt_ids)] for r in added], "retracted": retracted,
             "step": tick.get("step"), "kind": tick.get("kind"), "bucket": tick.get("bucket"),
             "decodes": len(batch.reqs) - len(chunks) if batch else 0, "chunks": chunks,
             "read": tick.get("read"), "device_ms": tick.get("device_ms"),
-            "got": [r.rid for r in got], "first": [r.rid for r in got if len(r.output_ids) == 1], "sent": None}
+            "got": [r.rid for r in got], "first": [r.rid for r in got if len(r.output_ids) == 1]})
 
     def sent(self) -> None:
         """The last tick's outputs have left for the detokenizer."""
-        if self.line is not None:
-            self.line["sent"] = round(time.monotonic(), 6)
-        self.flush()
+        if self.wrote:
+            self._write({"sent": round(time.monotonic(), 6)})
 
-    def flush(self) -> None:
-        if self.line is not None:
-            self.file.write(json.dumps(self.line, separators=(",", ":")) + "\n")
-            self.line = None
+    def _write(self, line: dict) -> None:
+        self.file.write(json.dumps(line, separators=(",", ":")) + "\n")
 
 
 class MessageTrace:
