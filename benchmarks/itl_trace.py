@@ -11,10 +11,10 @@ scheduler tick and the previous chunk's by an earlier one, so the gap splits exa
   (from the last send to the next tick: receiving messages, idle ticks), `build` (messages applied, the batch
   built: admissions), `enqueue` (the batch's forward and sampling enqueued, by its kind: `graph`, `pieces`,
   `eager`), `device` (the host blocked on a step's result, by whether that step carried prefill chunks: `mixed`
-  or `decode`), `commit` (the rest of the tick: tokens appended, finishes) and `report` (outputs sent);
-- `detok` and `api` (how much longer the later token took than the earlier from the scheduler to the
-  detokenizer's send, and from there to the API process's routing), and `to_client` (the same from the routing
-  to the client: the API's loop, HTTP, the client's parsing).
+  or `decode`), `commit` (the rest of the tick: tokens appended, finishes) and `report` (outputs gathered);
+- `detok` and `api` (how much longer the later token took than the earlier from the scheduler's send to the
+  detokenizer's, pickling and IPC included, and from there to the API process's routing), and `to_client` (the
+  same from the routing to the client: the API's loop, HTTP, the client's parsing).
 
 A negative part means the earlier chunk was the one held at that stage (a late chunk shortens the gap after it).
 A gap is long above `--threshold-ms`, by default each level's p99. Per level: how many long gaps; each part's mean

@@ -7,7 +7,7 @@ Linux. `StepTrace` writes FILE on the scheduler's TP leader, one JSON line per t
 - `t` (the tick's start); since then, in seconds: `build_s` (messages applied and its batch built), `launch_s`
   (the batch enqueued), `wait_from_s` and `read_s` (the host began to wait for a step's result, and had it: the
   difference is the time it blocked on the device), `tick_s` (the tick's end); on a server, a line `{"sent": T}`
-  follows: when the tick's outputs left for the detokenizer;
+  follows when the tick had outputs: when they were handed to the detokenizer's socket;
 - the requests that arrived (`added`: [rid, prompt length]) and how many were retracted (`retracted`);
 - the launched step: `step` (its number, or None), `decodes`, `chunks` ([rid, tokens] of its prefill part), `kind`
   (`graph`: a whole decode CUDA graph; `pieces`: piecewise graphs around eager attention; `eager`) and `bucket`
@@ -97,7 +97,8 @@ class StepTrace:
             "got": [r.rid for r in got], "first": [r.rid for r in got if len(r.output_ids) == 1]})
 
     def sent(self) -> None:
-        """The last tick's outputs have left for the detokenizer."""
+        """The last tick's outputs are being sent to the detokenizer (just before: the detokenizer's own stamp for
+        them comes later)."""
         if self.wrote:
             self._write({"sent": round(time.monotonic(), 6)})
 

@@ -68,8 +68,6 @@ class SchedulerServer:
             self.scheduler.tick([m for m in messages if not isinstance(m, StatsRequest)])
             self.note_step(before)
             self.report()
-            if self.scheduler.trace is not None:
-                self.scheduler.trace.sent()
             for ask in asks:
                 self.to_api.send_pyobj(StatsReply(ask.ask_id, self.stats()))
 
@@ -109,6 +107,8 @@ class SchedulerServer:
                                      len(req.prompt_ids), req.cached_tokens, req.error, scored, scheduled,
                                      req.hidden_state))
         if outputs:
+            if self.scheduler.trace is not None:
+                self.scheduler.trace.sent()
             self.to_detok.send_pyobj(outputs)
 
     def stats(self) -> dict:
