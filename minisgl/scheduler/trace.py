@@ -73,10 +73,13 @@ class StepTrace:
         self.tick["read_from"] = time.monotonic()
 
     def read(self, batch: Batch) -> None:
-        """Just after the result of `batch`'s step was read (so its events have completed)."""
+        """Just after the result of `batch`'s step was read."""
+        read_at = time.monotonic()
         number, began, ended = self.numbers.pop(id(batch), (None, None, None))
-        self.tick.update(read=number, read_at=time.monotonic(),
-                         device_ms=round(began.elapsed_time(ended), 3) if began and ended else None)
+        if ended is not None:
+            ended.synchronize()  # recorded just after the event the read waited for
+        self.tick.update(read=number, read_at=read_at,
+                         device_ms=round(began.elapsed_time(ended), 3) if ended is not None else None)
 
     def record(self, start: float, added: list[Req], retracted: int, batch: Batch | None, got: list[Req]) -> None:
         """The tick's line; `got`: the requests that got a token in it."""
