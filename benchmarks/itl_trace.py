@@ -90,6 +90,8 @@ class Trace:
             if tick["kind"] is not None:
                 gap.parts[f"enqueue {tick['kind']}"] += ms(tick["launch_s"]) - ms(tick["build_s"])
                 gap.flags.add(f"launched {tick['kind']}")
+                if tick["read"] is None:  # the previous step was read (and sent) a tick early: a first token in it
+                    gap.flags.add("a launch without a read")
             read = self.launched_by.get(tick["read"])
             if tick["device_ms"] is not None:
                 gap.device_ms = (gap.device_ms or 0.0) + tick["device_ms"]
