@@ -155,10 +155,10 @@ class Scheduler:
         start, retracted = time.monotonic(), self.num_retracted
         self.sync_and_apply(messages)
         batch = self.step() if self.has_work else None
-        if self.trace is not None:
+        if self.trace is not None:  # `got`: a finish by abort brings no token
+            got = [r for r in self.progressed + self.finished if r.output_ids and r.finish_reason != "abort"]
             self.trace.record(start, [m.req for m in messages or () if isinstance(m, AddReq)],
-                              self.num_retracted - retracted, batch,
-                              [r for r in self.progressed + self.finished if r.output_ids])
+                              self.num_retracted - retracted, batch, got)
 
     @property
     def has_work(self) -> bool:
