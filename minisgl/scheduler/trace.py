@@ -16,9 +16,9 @@ Linux. `StepTrace` writes FILE on the scheduler's TP leader, one JSON line per t
   before its enqueue to one after its copies; CUDA only), `got` (the rids that got a token from it, in batch
   order: each tick reads at most one token per request) and `first` (those whose first token it was).
 
-`MessageTrace` writes FILE.detok and FILE.api, one line per engine message that the detokenizer forwarded or the
-API process routed: `t` and the rids it carries. benchmarks/ttft_trace.py and itl_trace.py join these to the
-client's timestamps.
+`MessageTrace` writes FILE.detok and FILE.api, one line per engine message that the detokenizer forwarded (`t`: just
+before its send) or the API process routed (`t`: as it began): when, and the rids it carries.
+benchmarks/ttft_trace.py and itl_trace.py join these to the client's timestamps.
 """
 
 from __future__ import annotations

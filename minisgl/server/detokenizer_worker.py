@@ -56,9 +56,9 @@ class Detokenizer:
                 outputs = message
             texts = [text for out in outputs if (text := self.convert_or_fail(out)) is not None]
             if texts:
-                self.to_api.send_pyobj(texts)
-                if self.trace is not None:
+                if self.trace is not None:  # stamped before the send, as the scheduler's: the API's comes after
                     self.trace.record(time.monotonic(), [text.rid for text in texts])
+                self.to_api.send_pyobj(texts)
 
     def convert_or_fail(self, out: ReqOutput) -> TextOutput | None:
         try:
