@@ -19,8 +19,9 @@ scheduler tick and the previous chunk's by an earlier one, so the gap splits exa
 A negative part means the earlier chunk was the one held at that stage (a late chunk shortens the gap after it).
 A gap is long above `--threshold-ms`, by default each level's p99. Per level: how many long gaps; each part's mean
 over the long gaps, its share of their time, its mean over all gaps, and how many long gaps it is the cause of (the
-part that exceeds its all-gaps mean the most); how often a long gap's ticks held a step of each kind, against how
-often any gap's did; and on CUDA the device span of the steps read in a gap's ticks.
+part that exceeds its all-gaps mean the most); how often a long gap's ticks held a step of each kind (or the gap
+before it was long too), against how often any gap's did; and on CUDA the device span of the steps read in a gap's
+ticks.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Gap:
     flags: set[str] = field(default_factory=set)  # what its ticks held (see `window`)
     prefill_tokens: int = 0  # the most any step read in its ticks carried
     device_ms: float | None = None  # the device spans of the steps read in its ticks (CUDA only)
+    previous_ms: float | None = None  # the request's gap before this one
 
 
 class Trace:
@@ -127,7 +129,7 @@ def gaps_of(req: dict, rid: int, trace: Trace) -> list[Gap]:
         before, now = last[k - 1], last[k]
         if now >= len(ticks):
             break
-        gap = Gap(1000 * (arrivals[k] - arrivals[k - 1]))
+        gap = Gap(1000 * (arrivals[k] - arrivals[k - 1]), previous_ms=found[-1].ms if found else None)
         trace.window(gap, ticks[before], ticks[now])
         # Each stage's later token against its earlier one: what the gap gained from one stage to the next.
         stages = [trace.sent(ticks[before]), trace.sent(ticks[now])]
@@ -157,9 +159,12 @@ def report(streams: int, gaps: list[Gap], threshold_ms: float | None) -> str:
         lines.append(f"| {part} | {mean_long:.2f} | {100 * sum(g.parts[part] for g in long) / long_time:.0f}% | "
                      f"{usual[part]:.2f} | {causes[part]} |")
     lines += ["", "| its ticks held | long gaps | all gaps |", "|---|---|---|"]
-    for flag in sorted({f for g in gaps for f in g.flags}):
-        lines.append(f"| {flag} | {100 * sum(flag in g.flags for g in long) / max(1, len(long)):.0f}% | "
-                     f"{100 * sum(flag in g.flags for g in gaps) / len(gaps):.0f}% |")
+    tests = {flag: (lambda g, f=flag: f in g.flags) for flag in sorted({f for g in gaps for f in g.flags})}
+    # long stalls back to back (consecutive prefill-heavy steps, say) rather than one at a time
+    tests["(the gap before was long too)"] = lambda g: (g.previous_ms or 0.0) > threshold
+    for name, held in tests.items():
+        lines.append(f"| {name} | {100 * sum(map(held, long)) / max(1, len(long)):.0f}% | "
+                     f"{100 * sum(map(held, gaps)) / len(gaps):.0f}% |")
     mixed = [g.prefill_tokens for g in long if g.prefill_tokens]
     if mixed:
         lines.append(f"\nprefill tokens of the largest mixed step read in a long gap: p50 {percentile(mixed, 50)}, "
