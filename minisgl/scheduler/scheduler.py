@@ -70,8 +70,7 @@ class Scheduler:
         self.cache_hit_tokens = 0  # prompt tokens served from the prefix cache, over first admissions
         self.prompt_tokens_admitted = 0
         self.shutdown = False
-        self.trace = StepTrace.from_env(tp.is_leader)
-        self.launched_at = 0.0  # when the last tick enqueued its batch (the trace's)
+        self.trace = StepTrace.from_env(tp.is_leader, engine.device)  # None unless MINISGL_STEP_TRACE is set
 
     # ---- messages -------------------------------------------------------------------------------
 
@@ -153,12 +152,13 @@ class Scheduler:
         """One lockstep iteration, identical on every rank: agree on the messages, then step if there
         is work. Every driver (offline LLM, server, followers) advances the scheduler only this way."""
         self.last_step_tokens = 0
-        start = time.monotonic()
+        start, retracted = time.monotonic(), self.num_retracted
         self.sync_and_apply(messages)
         batch = self.step() if self.has_work else None
-        if self.trace is not None:
-            self.trace.record(start, self.launched_at, [m.req for m in messages or () if isinstance(m, AddReq)], batch,
-                              self.progressed + self.finished)
+        if self.trace is not None:  # `got`: a finish by abort brings no token
+            got = [r for r in self.progressed + self.finished if r.output_ids and r.finish_reason != "abort"]
+            self.trace.record(start, [m.req for m in messages or () if isinstance(m, AddReq)],
+                              self.num_retracted - retracted, batch, got)
 
     @property
     def has_work(self) -> bool:
@@ -203,12 +203,15 @@ class Scheduler:
             return None
         launched = None
         if batch is not None:
+            if self.trace is not None:
+                self.trace.launching(batch, self.engine.step_kind(batch))
             forwarded = self.engine.forward(batch)
             if previous is not None and self._constrained(batch):
                 self._commit(previous)
                 previous = None
             launched = self.engine.sample(forwarded, self._bitmask(batch))
-        self.launched_at = time.monotonic()
+            if self.trace is not None:
+                self.trace.launched(batch)
         if previous is not None:
             self._commit(previous)
         if self.overlap:
@@ -396,7 +399,11 @@ class Scheduler:
 
     def _commit(self, step: LaunchedStep) -> None:
         """Append the step's sampled tokens and finish the requests they end."""
+        if self.trace is not None:
+            self.trace.reading()
         result, batch = step.result(), step.batch
+        if self.trace is not None:
+            self.trace.read(batch)
         for scores in result.prompt:
             self._record_prompt_scores(batch.reqs[scores.index], scores)
         for j, i in enumerate(batch.sampled):

@@ -25,6 +25,7 @@ import zmq.asyncio
 
 from minisgl.core import Req, SamplingParams
 from minisgl.messages import AbortReq, AddReq, DetokRegister, Ready, StatsReply, StatsRequest, TextOutput
+from minisgl.scheduler.trace import MessageTrace
 from minisgl.server.errors import ApiError
 from minisgl.server.ipc import IpcPaths, inbox, outbox
 from minisgl.server.metrics import Metrics
@@ -115,6 +116,7 @@ class EngineClient:
         self.stats_waiters: dict[int, asyncio.Future] = {}
         self.ids = itertools.count()
         self.queued = 0  # admitted sequences without a first token yet: what --max-queued-requests limits
+        self.trace = MessageTrace.from_env("api")  # None unless MINISGL_STEP_TRACE is set
 
     @property
     def open_sequences(self) -> int:
@@ -231,6 +233,8 @@ class EngineClient:
                 waiter.set_result(message.stats)
         else:
             now = time.monotonic()
+            if self.trace is not None:
+                self.trace.record(now, [out.rid for out in message])
             for out in message:
                 seq = self.sequences.get(out.rid)
                 if seq is None:  # already closed (failed at shutdown); late outputs are dropped
