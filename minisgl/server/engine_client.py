@@ -7,6 +7,11 @@ finished aborts it in the scheduler, whose final "abort" output then closes the 
 
 Admission (`admit`) counts sequences from the moment a request is accepted, before it is tokenized, so
 a burst cannot pass the --max-queued-requests check all at once before any of it is counted.
+
+Streams before arrivals (`streams_first`): the event loop runs the callbacks ready at the start of a round in
+order, so a burst of arriving requests (~0.5 ms of work each) would hold the running streams' next chunks for
+the whole burst. Each arrival looks at the inbox before its work and, when chunks wait there, routes them and
+lets their streams write first: a chunk waits behind at most one arrival, not a burst.
 """
 
 from __future__ import annotations
@@ -21,7 +26,6 @@ from dataclasses import replace
 from typing import AsyncIterator
 
 import zmq
-import zmq.asyncio
 
 from minisgl.core import Req, SamplingParams
 from minisgl.messages import AbortReq, AddReq, DetokRegister, Ready, StatsReply, StatsRequest, TextOutput
@@ -91,22 +95,20 @@ def merged(outs: list[TextOutput]) -> TextOutput:
 
 class EngineClient:
     def __init__(self, ipc: IpcPaths, metrics: Metrics):
-        # The process's one asyncio context, never garbage: a context collected in the same cycle as its sockets
-        # finds their weak references cleared, closes none of them and blocks in term() for good (tests make
-        # and drop many clients in one process).
-        ctx = zmq.asyncio.Context.instance()
+        # The process's one context, never garbage: a context collected in the same cycle as its sockets finds
+        # their weak references cleared, closes none of them and blocks in term() for good (tests make and drop
+        # many clients in one process).
+        ctx = zmq.Context.instance()
+        # Plain (blocking-API) sockets, no asyncio wrappers: an asyncio socket's recv or send costs a future, a
+        # poller registration and callbacks (~8% of this process's CPU at 256 streams, ~70 us a request), and
+        # its recv would be a second reader of the inbox beside `streams_first`'s, able to route a later
+        # message before an earlier one. The inbox is read only by `route_waiting`, called when its descriptor
+        # wakes the loop (`run`) and by arrivals. No send high-water mark, so a send never blocks the loop:
+        # what waits is bounded by admission (--max-queued-requests).
         self.inbox = inbox(ctx, ipc.api)
-        # The same socket through the plain API, to take what already waits (`_waiting`): an asyncio socket's
-        # recv, even one that cannot block, costs a future and a poller registration, ~8% of this process's CPU
-        # at 256 streams.
-        self.inbox_now = zmq.Socket.shadow(self.inbox.underlying)
-        # Plain (blocking-API) sockets to send: an asyncio socket's send costs a future and callbacks, ~70 us a
-        # request on the loop. No send high-water mark, so a send never blocks the loop: what waits is bounded by
-        # admission (--max-queued-requests), as an asyncio socket's queued sends would be. A shadow context owns
-        # nothing, so it never terminates the one above.
-        plain = zmq.Context.shadow(ctx.underlying)
-        self.to_scheduler = outbox(plain, ipc.scheduler, unbounded=True)
-        self.to_detok = outbox(plain, ipc.detokenizer, unbounded=True)
+        self.to_scheduler = outbox(ctx, ipc.scheduler, unbounded=True)
+        self.to_detok = outbox(ctx, ipc.detokenizer, unbounded=True)
+        self.streams_due = False  # an arrival let woken streams go first; those behind it wait their turn too
         self.metrics = metrics
         self.ready = asyncio.Event()  # set once the scheduler and the detokenizer both report Ready
         self.components_ready: set[str] = set()
@@ -199,26 +201,49 @@ class EngineClient:
     # ---- routing ---------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Route every message from the scheduler and detokenizer (runs for the server's lifetime; one
-        message that cannot be handled is logged and skipped, never the end of routing)."""
-        while True:
-            for message in [await self.inbox.recv_pyobj(), *self._waiting()]:
-                try:
-                    self._route(message)
-                except Exception:
-                    logger.exception("could not route a message from the engine: %r", message)
+        """Route every message from the scheduler and detokenizer for the server's lifetime: whenever the
+        inbox's descriptor wakes the loop, everything waiting there is routed at once."""
+        loop, fd = asyncio.get_running_loop(), self.inbox.getsockopt(zmq.FD)
+        loop.add_reader(fd, self.route_waiting)
+        try:
+            self.route_waiting()  # what came before the reader was added
+            await loop.create_future()  # until cancelled (server shutdown)
+        finally:
+            loop.remove_reader(fd)
 
-    def _waiting(self) -> list:
-        """The messages already in the inbox. Routed together with the one awaited, their outputs reach each
-        consumer in one wake-up: a loop that fell behind the engine catches up in one round, not one per step."""
-        found = []
+    def route_waiting(self) -> bool:
+        """Route every message already in the inbox (all of them: a loop that fell behind the engine catches
+        up in one round, each consumer woken once, not once per step); True if any carried outputs. The
+        descriptor is edge-triggered: it wakes the loop again only for a message that comes after the inbox
+        was read empty, so this always reads until it is. One message that cannot be handled is logged and
+        skipped, never the end of routing."""
+        outputs = False
         while True:
             try:
-                found.append(pickle.loads(self.inbox_now.recv(zmq.NOBLOCK)))
+                raw = self.inbox.recv(zmq.NOBLOCK)
             except zmq.Again:
-                return found
+                return outputs
+            message = raw
+            try:
+                message = pickle.loads(raw)
+                outputs |= self._route(message)
+            except Exception:
+                logger.exception("could not route a message from the engine: %r", message)
 
-    def _route(self, message) -> None:
+    async def streams_first(self) -> None:
+        """Called by an arriving request before its work: if outputs wait in the inbox, route them and step
+        back once so that the streams they woke write their chunks first; arrivals queued behind this one step
+        back too until its turn comes (they would otherwise run before those streams)."""
+        while self.streams_due or self.route_waiting():
+            leading, self.streams_due = not self.streams_due, True
+            try:
+                await asyncio.sleep(0)  # to the back of the loop's queue, behind the woken streams
+            finally:
+                if leading:
+                    self.streams_due = False
+
+    def _route(self, message) -> bool:
+        """Route one message; True if it was outputs (consumers woken)."""
         if isinstance(message, Ready):
             self.info.update(message.info)
             self.components_ready.add(message.component)
@@ -242,6 +267,8 @@ class EngineClient:
                 if out.finish_reason is not None:
                     self._close(seq)
                 seq.deliver(out)
+            return True
+        return False
 
     def _close(self, seq: Sequence) -> None:
         """The sequence is over: settle its books, metrics and log line."""

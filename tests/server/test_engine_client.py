@@ -78,6 +78,52 @@ def test_stats_reply_reaches_its_waiter(ipc):
     asyncio.run(scenario())
 
 
+def test_a_message_that_cannot_be_read_is_skipped_and_routing_goes_on(ipc):
+    """The inbox is read until empty each time it wakes the loop (its descriptor wakes it only for what comes
+    after that): bytes that are no message are logged and skipped, and what came after them is still routed."""
+    async def scenario() -> None:
+        client = EngineClient(ipc, Metrics("m"))
+        router = asyncio.create_task(client.run())
+        push = outbox(zmq.Context.instance(), ipc.api)
+        push.send(b"not a pickle")
+        push.send_pyobj(Ready("scheduler", {"max_seq_len": 64}))
+        push.send_pyobj(Ready("detokenizer"))
+        await asyncio.wait_for(client.ready.wait(), 5)
+        router.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_burst_of_arrivals_lets_the_running_streams_chunks_go_first(ipc):
+    """Arrivals queued on the loop behind one another look at the inbox before their work: a running stream's
+    chunk waiting there goes out before any of them, not after the whole burst."""
+    async def scenario() -> None:
+        client = EngineClient(ipc, Metrics("m"))  # no router task: only the arrivals read the inbox
+        client.admit(1, None)
+        seq = client.submit([1, 2, 3], SamplingParams(max_tokens=9), [], 0)
+        order: list[str] = []
+
+        async def stream() -> None:
+            async for out in client.stream(seq):
+                order.append(f"chunk {out.text}")
+                if out.finish_reason:
+                    return
+
+        async def arrival(i: int) -> None:
+            await client.streams_first()
+            order.append(f"arrival {i}")
+
+        consumer = asyncio.create_task(stream())
+        await asyncio.sleep(0)  # the stream waits for its first output
+        outbox(zmq.Context.instance(), ipc.api).send_pyobj([TextOutput(seq.rid, "a", [10], [], "length", 3, 0)])
+        assert client.inbox.poll(5000)  # the output waits in the inbox, unread
+        await asyncio.wait_for(asyncio.gather(*(arrival(i) for i in range(3)), consumer), 30)
+        assert order == ["chunk a", "arrival 0", "arrival 1", "arrival 2"]
+        assert not client.streams_due and client.open_sequences == 0
+
+    asyncio.run(scenario())
+
+
 def test_failing_all_at_shutdown_puts_the_error_before_any_unread_output(ipc):
     """Past --shutdown-timeout every sequence fails: its client's next read is the error, not the backlog of
     outputs it had not read yet (a stream sending that first could be cut by the server's exit, error-less)."""
