@@ -54,7 +54,6 @@ class Sequence:
         self.start = self.last = time.monotonic()
         self.ttft: float | None = None
         self.queued: float | None = None  # arrival to first scheduled (seconds), once the scheduler says
-        self.itls: list[float] = []
         self.completion_tokens = self.cached_tokens = 0
         self.finish_reason: str | None = None
 
@@ -66,18 +65,22 @@ class Sequence:
         taken, self.pending = self.pending, []
         return taken
 
-    def record(self, out: TextOutput, now: float) -> None:
+    def record(self, out: TextOutput, now: float) -> float | None:
+        """Book one output; its inter-token latency (the gap since the last tokens, per token it carries),
+        None for the first tokens or none."""
+        itl = None
         if out.scheduled_at is not None:
             self.queued = max(0.0, out.scheduled_at - self.start)
         if out.new_ids:
             if self.ttft is None:
                 self.ttft = now - self.start
             else:
-                self.itls.append((now - self.last) / len(out.new_ids))
+                itl = (now - self.last) / len(out.new_ids)
             self.last = now
         self.completion_tokens += len(out.new_ids)
         self.cached_tokens = out.cached_tokens
         self.finish_reason = out.finish_reason
+        return itl
 
 
 def merged(outs: list[TextOutput]) -> TextOutput:
@@ -261,7 +264,9 @@ class EngineClient:
                 if seq is None:  # already closed (failed at shutdown); late outputs are dropped
                     continue
                 had_token = seq.ttft is not None
-                seq.record(out, now)
+                itl = seq.record(out, now)
+                if itl is not None:  # as it comes: a stream's hundreds at its end would hold the loop
+                    self.metrics.observe_itl(itl)
                 if seq.ttft is not None and not had_token:
                     self.queued -= 1
                 if out.finish_reason is not None:
@@ -277,7 +282,7 @@ class EngineClient:
             self.queued -= 1
         latency = time.monotonic() - seq.start
         self.metrics.observe_finished(seq.prompt_tokens, seq.completion_tokens, seq.cached_tokens, seq.ttft, latency,
-                                      seq.itls, seq.finish_reason, seq.queued)
+                                      seq.finish_reason, seq.queued)
         logger.info("request %d finished: prompt=%d completion=%d cached=%d ttft=%s latency=%.3fs reason=%s%s",
                     seq.rid, seq.prompt_tokens, seq.completion_tokens, seq.cached_tokens,
                     f"{seq.ttft:.3f}s" if seq.ttft is not None else "-", latency, seq.finish_reason,
