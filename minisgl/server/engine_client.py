@@ -8,10 +8,11 @@ finished aborts it in the scheduler, whose final "abort" output then closes the 
 Admission (`admit`) counts sequences from the moment a request is accepted, before it is tokenized, so
 a burst cannot pass the --max-queued-requests check all at once before any of it is counted.
 
-Streams before arrivals (`streams_first`): the event loop runs the callbacks ready at the start of a round in
-order, so a burst of arriving requests (~0.5 ms of work each) would hold the running streams' next chunks for
-the whole burst. Each arrival looks at the inbox before its work and, when chunks wait there, routes them and
-lets their streams write first: a chunk waits behind at most one arrival, not a burst.
+Streams and arrivals take turns (`streams_first`): the event loop runs the callbacks ready at the start of a
+round in order, so a burst of arriving requests (~0.5 ms of work each) would hold the running streams' next
+chunks for the whole burst. Each arrival looks at the inbox before its work and, when chunks wait there, routes
+them and lets their streams write first; the arrivals then have as long as the streams' turn took. A chunk
+waits behind a few arrivals, not a burst, and a burst still gets half of a saturated loop.
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ class EngineClient:
         self.to_scheduler = outbox(ctx, ipc.scheduler, unbounded=True)
         self.to_detok = outbox(ctx, ipc.detokenizer, unbounded=True)
         self.streams_due = False  # an arrival let woken streams go first; those behind it wait their turn too
+        self.arrivals_until = 0.0  # (monotonic) arrivals' turn after the streams': the inbox is not looked at
         self.metrics = metrics
         self.ready = asyncio.Event()  # set once the scheduler and the detokenizer both report Ready
         self.components_ready: set[str] = set()
@@ -236,14 +238,20 @@ class EngineClient:
     async def streams_first(self) -> None:
         """Called by an arriving request before its work: if outputs wait in the inbox, route them and step
         back once so that the streams they woke write their chunks first; arrivals queued behind this one step
-        back too until its turn comes (they would otherwise run before those streams)."""
-        while self.streams_due or self.route_waiting():
+        back too until its turn comes (they would otherwise run before those streams). Then arrivals have the
+        loop for as long as the streams' turn took before the inbox is looked at again: a fair half each when
+        the loop is saturated, where streams-always-first would admit one arrival per engine step (256 of them
+        queued would wait seconds for their first token)."""
+        while self.streams_due or (time.monotonic() >= self.arrivals_until and self.route_waiting()):
             leading, self.streams_due = not self.streams_due, True
+            turn = time.monotonic()
             try:
                 await asyncio.sleep(0)  # to the back of the loop's queue, behind the woken streams
             finally:
                 if leading:
                     self.streams_due = False
+                    now = time.monotonic()
+                    self.arrivals_until = now + (now - turn)
 
     def _route(self, message) -> bool:
         """Route one message; True if it was outputs (consumers woken)."""
