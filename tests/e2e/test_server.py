@@ -11,7 +11,7 @@ import openai
 import pytest
 from helpers import make_llm
 from prometheus_client.parser import text_string_to_metric_families
-from server_fixtures import Server, pages_all_free, serving
+from server_fixtures import Server, long_context_copy, pages_all_free, serving
 from transformers import AutoTokenizer
 
 from minisgl import SamplingParams
@@ -163,24 +163,33 @@ def wait_until_cut_short(server, before: float, max_tokens: int) -> None:
     assert generated_tokens(server) - before < max_tokens
 
 
-LONG_BODY = {"model": "tiny", "prompt": "Go on forever", "max_tokens": 2000, "ignore_eos": True}  # in 2,048 positions
+LONG_BODY = {"model": "tiny", "prompt": "Go on forever", "max_tokens": 12000, "ignore_eos": True}
 
 
-def test_a_dropped_stream_is_aborted(server):
-    before = generated_tokens(server)
-    with httpx.stream("POST", f"{server.url}/v1/completions", json=LONG_BODY | {"stream": True}, timeout=30) as resp:
+@pytest.fixture(scope="module")
+def long_server(model, tmp_path_factory):
+    """A server whose answers can run 12,000 tokens (~20 s of CPU decoding): still running when a test drops
+    them, even on a loaded machine (2,000 once ended before the check)."""
+    with serving(long_context_copy(model, tmp_path_factory.mktemp("long"), 16384), "--num-pages", "16384") as srv:
+        yield srv
+
+
+def test_a_dropped_stream_is_aborted(long_server):
+    before = generated_tokens(long_server)
+    body = LONG_BODY | {"stream": True}
+    with httpx.stream("POST", f"{long_server.url}/v1/completions", json=body, timeout=30) as resp:
         lines = resp.iter_lines()
         for _ in range(3):
             next(lines)
-        assert server.info()["scheduler"]["num_running"] == 1
-    wait_until_cut_short(server, before, LONG_BODY["max_tokens"])
+        assert long_server.info()["scheduler"]["num_running"] == 1
+    wait_until_cut_short(long_server, before, LONG_BODY["max_tokens"])
 
 
-def test_a_dropped_non_streaming_request_is_aborted(server):
-    before = generated_tokens(server)
+def test_a_dropped_non_streaming_request_is_aborted(long_server):
+    before = generated_tokens(long_server)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.url}/v1/completions", json=LONG_BODY, timeout=0.5)
-    wait_until_cut_short(server, before, LONG_BODY["max_tokens"])
+        httpx.post(f"{long_server.url}/v1/completions", json=LONG_BODY, timeout=0.5)
+    wait_until_cut_short(long_server, before, LONG_BODY["max_tokens"])
 
 
 FROZEN_METRICS = {
