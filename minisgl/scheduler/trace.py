@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import TextIO
 
 import torch
 
@@ -91,7 +92,7 @@ class StepTrace:
         since = {key: round(tick[at] - start, 6) if at in tick else None
                  for key, at in (("build_s", "build_at"), ("launch_s", "launch_at"), ("wait_from_s", "read_from"),
                                  ("read_s", "read_at"))}
-        self._write({
+        write_line(self.file, {
             "t": round(start, 6), **since, "tick_s": round(time.monotonic() - start, 6),
             "added": [[r.rid, len(r.prompt_ids)] for r in added], "retracted": retracted,
             "step": tick.get("step"), "kind": tick.get("kind"), "bucket": tick.get("bucket"),
@@ -103,10 +104,7 @@ class StepTrace:
         """The last tick's outputs are being sent to the detokenizer (just before: the detokenizer's own stamp for
         them comes later)."""
         if self.wrote:
-            self._write({"sent": round(time.monotonic(), 6)})
-
-    def _write(self, line: dict) -> None:
-        self.file.write(json.dumps(line, separators=(",", ":")) + "\n")
+            write_line(self.file, {"sent": round(time.monotonic(), 6)})
 
 
 class MessageTrace:
@@ -121,4 +119,9 @@ class MessageTrace:
         return cls(f"{path}.{suffix}") if path else None
 
     def record(self, at: float, rids: list[int]) -> None:
-        self.file.write(json.dumps({"t": round(at, 6), "rids": rids}, separators=(",", ":")) + "\n")
+        write_line(self.file, {"t": round(at, 6), "rids": rids})
+
+
+def write_line(file: TextIO, line: dict) -> None:
+    """One compact JSON line (files are line-buffered: a server stopped by a signal loses no whole line)."""
+    file.write(json.dumps(line, separators=(",", ":")) + "\n")
