@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 import httpx
 import openai
 from helpers import DEVICE
+from prometheus_client.parser import text_string_to_metric_families
 
 from minisgl.distributed import free_port
 
@@ -88,6 +89,12 @@ def long_context_copy(model: str, directory: Path, positions: int) -> str:
     config = json.loads((copy / "config.json").read_text())
     (copy / "config.json").write_text(json.dumps({**config, "max_position_embeddings": positions}))
     return str(copy)
+
+
+def metric_samples(server: Server) -> dict[str, float]:
+    """Every sample of the server's /metrics now, by name (labels aside)."""
+    return {s.name: s.value for f in text_string_to_metric_families(httpx.get(f"{server.url}/metrics").text)
+            for s in f.samples}
 
 
 def pages_all_free(info: dict) -> bool:

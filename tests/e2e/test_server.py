@@ -11,7 +11,7 @@ import openai
 import pytest
 from helpers import make_llm
 from prometheus_client.parser import text_string_to_metric_families
-from server_fixtures import Server, long_context_copy, pages_all_free, serving
+from server_fixtures import Server, long_context_copy, metric_samples, pages_all_free, serving
 from transformers import AutoTokenizer
 
 from minisgl import SamplingParams
@@ -148,8 +148,7 @@ def test_server_healthy_and_no_leak_after_errors(server, client):
 
 def generated_tokens(server) -> float:
     """Tokens of finished requests (aborted ones included) so far, from /metrics."""
-    families = text_string_to_metric_families(httpx.get(f"{server.url}/metrics").text)
-    return next(s.value for f in families for s in f.samples if s.name == "sglang:generation_tokens_total")
+    return metric_samples(server)["sglang:generation_tokens_total"]
 
 
 def wait_until_cut_short(server, before: float, max_tokens: int) -> None:
