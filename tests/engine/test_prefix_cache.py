@@ -313,3 +313,38 @@ def test_cache_salt_keeps_tenants_apart() -> None:
 
     assert [cached("a"), cached("a"), cached("b"), cached(None), cached("b"), cached(None), cached("a")] == [
         0, 8, 0, 0, 8, 8, 8]
+
+
+@PAGE_SIZES
+def test_flush_writes_each_rows_pages_and_only_the_last_owners(ps: int) -> None:
+    """One flush per step sends every admission's and allocation's page-table entries: each running request's row
+    then holds exactly its pages (a cached prefix, then chunks reserved over several steps). A row freed and
+    handed to another request before the flush holds the new owner's pages, not the old ones."""
+    table = torch.full((4, 64), -1, dtype=torch.int32)
+    manager = KVCacheManager(200, ps, RadixCache(ps), table, 4)
+    rids = iter(range(100))
+
+    def admitted(tokens: list[int], first_chunk: int) -> Req:
+        req = Req(next(rids), tokens, SamplingParams(), 0)
+        manager.admit(req)
+        assert manager.reserve(req, first_chunk)
+        return req
+
+    done = admitted(list(range(6 * ps)), 6 * ps)
+    manager.flush()
+    done.kv_len = done.seq_len
+    manager.release(done)  # its pages go to the prefix cache
+    a = admitted(list(range(6 * ps)) + [999] * (3 * ps), 2 * ps)  # a 6-page cached prefix, then 2 pages
+    gone = admitted([7] * (5 * ps), 5 * ps)
+    row = gone.row
+    manager.release(gone)  # freed before the flush: its row goes back, its entries with it
+    b = admitted([8] * (2 * ps), 2 * ps)
+    assert b.row == row
+    manager.flush()
+    a.kv_len += 2 * ps
+    assert manager.reserve(a, ps)  # the next step's allocation
+    manager.flush()
+    for req in (a, b):
+        assert table[req.row, :len(req.pages)].tolist() == req.pages
+    assert table[b.row, len(b.pages):5].tolist() == [-1] * (5 - len(b.pages))  # gone's pages never written
+    assert len(a.pages) == 9 and a.cached_tokens == 6 * ps
