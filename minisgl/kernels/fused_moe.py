@@ -18,6 +18,7 @@ set to the scale group: each program quantizes its activation tile per row in re
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -319,6 +320,66 @@ def pick_config(num_tokens: int, top_k: int, w13: torch.Tensor) -> MoEConfig:
     return next((config for max_tokens, config in rows if num_tokens <= max_tokens), rows[-1][1])
 
 
+# Shared memory one block may use where the device does not say (the CPU, Triton's interpreter): the opt-in
+# limit of the H100 and the H200, 227 KiB.
+SMEM_LIMIT = 232448
+
+
+def shared_memory(config: MoEConfig, x_size: int, w_size: int, gated: bool = True) -> int:
+    """Bytes of shared memory the expert GEMM asks for, from the element sizes of x and of the weights
+    (1: e4m3). Triton pipelines the loop's loads: A, the [BLOCK_M, BLOCK_K] tile of x, and B, the
+    [BLOCK_K, BLOCK_N] weight tile (gate and up tiles when gated), are kept num_stages deep where both go
+    straight to the tensor cores; float32 (ieee, on the CUDA cores) keeps num_stages - 1 of both; FP8
+    quantizes A in registers first, which keeps A num_stages - 1 deep and adds its e4m3 copy for the MMA.
+    Exact for Triton 3.9 on sm_90 where the tiles go to wgmma (BLOCK_M >= 64), an upper bound for the
+    narrower mma.sync tiles (figures from `benchmarks/moe_smem.py`, in tests/kernels/test_moe_smem.py)."""
+    a = config.block_m * config.block_k * x_size
+    b = config.block_k * config.block_n * w_size * (2 if gated else 1)
+    stages = config.num_stages
+    if w_size == 1:
+        return (stages - 1) * a + stages * b + config.block_m * config.block_k
+    if x_size == 4:
+        return (stages - 1) * (a + b)
+    return stages * (a + b)
+
+
+@functools.cache
+def shared_memory_limit(device: torch.device) -> int:
+    """The most shared memory one block of `device` may opt in to (SMEM_LIMIT off CUDA)."""
+    if device.type != "cuda":
+        return SMEM_LIMIT
+    return getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", SMEM_LIMIT)
+
+
+@functools.cache
+def fit_shared_memory(config: MoEConfig, x_size: int, w_size: int, limit: int) -> MoEConfig:
+    """config with fewer stages (down to 2), then (not FP8, whose BLOCK_K is the scale group) a shorter
+    BLOCK_K, then a narrower BLOCK_N, until the gate/up GEMM (the larger of the two) fits `limit` bytes.
+
+    The tables and the heuristic were tuned with 2-byte activations; float32 x doubles the A tile, and a
+    config that does not fit fails at its launch (OutOfResources), e.g. FP8 experts of a float32 model
+    took 245,760 bytes of an H200's 232,448 with 128 x 128 x 128 tiles in 3 stages. Configs that fit are
+    returned unchanged."""
+    while shared_memory(config, x_size, w_size) > limit:
+        if config.num_stages > 2:
+            config = replace(config, num_stages=config.num_stages - 1)
+        elif w_size > 1 and config.block_k > 32:
+            config = replace(config, block_k=config.block_k // 2)
+        elif config.block_n > 16:
+            config = replace(config, block_n=config.block_n // 2)
+        else:
+            raise ValueError(f"fused MoE: no tiles below {config} fit {limit} bytes of shared memory")
+    return config
+
+
+def launch_config(config: MoEConfig, x: torch.Tensor, w13: torch.Tensor, fp8: Fp8Config | None) -> MoEConfig:
+    """The tiles both expert GEMMs launch with: FP8 steps through K one scale group at a time, and the
+    tiles must fit the device's shared memory for these element sizes (`fit_shared_memory`)."""
+    if fp8:
+        config = replace(config, block_k=fp8.group)
+    return fit_shared_memory(config, x.element_size(), w13.element_size(), shared_memory_limit(x.device))
+
+
 def expert_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, aligned: tuple[torch.Tensor, ...],
                 rows_per_token: int, config: MoEConfig, weights: torch.Tensor | None = None,
                 scale: torch.Tensor | None = None, fp8: Fp8Config | None = None) -> None:
@@ -350,12 +411,10 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
                   fp8: Fp8Config | None = None) -> torch.Tensor:
     """Same result as `experts_torch`: x [T, H], w13 [E, 2 * I, H] (gate rows then up rows), w2 [E, H, I],
     weights/ids [T, top_k] -> [T, H]; e4m3 experts come with their (w13, w2) `scales` and `fp8` settings.
-    config overrides the table (tests, tuning)."""
+    config overrides the table (tests, tuning); either is fitted to the shared memory (`launch_config`)."""
     num_tokens, hidden = x.shape
     top_k = ids.shape[1]
-    config = config or pick_config(num_tokens, top_k, w13)
-    if fp8:
-        config = replace(config, block_k=fp8.group)
+    config = launch_config(config or pick_config(num_tokens, top_k, w13), x, w13, fp8)
     scales = scales or (None, None)
     aligned = align(ids, w13.shape[0], config.block_m)
     pairs = num_tokens * top_k

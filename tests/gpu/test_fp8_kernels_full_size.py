@@ -37,6 +37,17 @@ def test_fp8_fused_experts_full_size(tokens):
     check_experts(tokens, 128, 8, 2048, 768, BLOCK128, None)
 
 
+@pytest.mark.parametrize("experts, top_k, hidden, inter, tokens, config", [
+    (8, 2, 64, 32, 8192, Fp8Config()), (128, 8, 2048, 768, 1024, Fp8Config()), (128, 8, 2048, 768, 1024, BLOCK128),
+], ids=["tiny_moe_prefill", "qwen3_30b_a3b_1024_per_channel", "qwen3_30b_a3b_1024_block128"])
+def test_fp8_fused_experts_float32_activations(experts, top_k, hidden, inter, tokens, config):
+    """float32 x doubles the activation tile of the tiles tuned for bf16: the tiny qwen3_moe of
+    tests/engine/test_fp8_weights.py at a prefill-sized batch took 128 x 128 x 128 tiles in 3 stages (245,760
+    bytes of shared memory; the H200 has 232,448) and qwen3-30b-a3b's 1,024-token row 237,568; both failed
+    to launch before the tiles were fitted to the device (`fused_moe.launch_config`)."""
+    check_experts(tokens, experts, top_k, hidden, inter, config, None, torch.float32)
+
+
 def test_decode_chain_in_a_cuda_graph_with_programmatic_dependent_launch():
     """add+RMSNorm -> gate_up GEMV -> down GEMV (SiLU-and-mul inside), qwen3-8b's MLP in FP8, captured once
     and replayed on fresh inputs: with programmatic dependent launch (on Hopper) each GEMV starts before the

@@ -101,9 +101,9 @@ def test_fp8_fused_experts_small(scales, tokens, block_n):
 
 
 def check_experts(tokens: int, experts: int, top_k: int, hidden: int, inter: int, config: Fp8Config,
-                  tiles: MoEConfig | None) -> None:
+                  tiles: MoEConfig | None, dtype: torch.dtype = DTYPE) -> None:
     gen = torch.Generator(device=DEVICE).manual_seed(tokens)
-    x = torch.randn(tokens, hidden, generator=gen, device=DEVICE).to(DTYPE)
+    x = torch.randn(tokens, hidden, generator=gen, device=DEVICE).to(dtype)
     w13, s13 = zip(*(quantize_weight(torch.randn(2 * inter, hidden, generator=gen, device=DEVICE) / hidden**0.5,
                                      config) for _ in range(experts)))
     w2, s2 = zip(*(quantize_weight(torch.randn(hidden, inter, generator=gen, device=DEVICE) / inter**0.5, config)
