@@ -88,8 +88,8 @@ __device__ __forceinline__ void widen_x(const uint4& gate, const uint4& up, floa
         float2 g = __bfloat1622float2(g2[i]);
         if constexpr (SILU) {
             float2 u = __bfloat1622float2(u2[i]);
-            g.x = bf16_round(bf16_round(g.x / (1.0f + expf(-g.x))) * u.x);
-            g.y = bf16_round(bf16_round(g.y / (1.0f + expf(-g.y))) * u.y);
+            g.x = bf16_round(bf16_round(__fdividef(g.x, 1.0f + __expf(-g.x))) * u.x);
+            g.y = bf16_round(bf16_round(__fdividef(g.y, 1.0f + __expf(-g.y))) * u.y);
         }
         v[2 * i] = g.x;
         v[2 * i + 1] = g.y;
@@ -167,16 +167,16 @@ __global__ void __launch_bounds__(THREADS, 2) fp8_gemv_kernel(Params p) {
             for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[h][i]));
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-        const float sx = fmaxf(amax, MIN_SCALE) / FP8_MAX;
+        // x / sx as a product with its reciprocal (a value can round to the neighbouring e4m3 one, as in the
+        // Triton GEMV); the conversion saturates at 448
+        const float sx = fmaxf(amax, MIN_SCALE) / FP8_MAX, inv = 1.0f / sx;
         uint32_t xq[2][4];
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                float q[4];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) q[i] = fminf(fmaxf(v[h][4 * j + i] / sx, -FP8_MAX), FP8_MAX);
-                xq[h][j] = pack_e4m3(q[0], q[1], q[2], q[3]);
+                const float* q = &v[h][4 * j];
+                xq[h][j] = pack_e4m3(q[0] * inv, q[1] * inv, q[2] * inv, q[3] * inv);
             }
         // the scales of x's rows 2t and 2t + 1 (this lane's accumulator columns), held by lanes 8t and 8t + 4
         const float s0 = __shfl_sync(0xffffffffu, sx, 8 * t) * sw;
@@ -247,12 +247,12 @@ int minisgl_fp8_gemv_abi_version() { return ABI_VERSION; }
 // out = x @ dequant(w)^T (+ bias); see the top of this file. x: bf16 [m, k] (silu_mul: [m, 2k], gate | up)
 // with unit stride along k and stride_xm elements between rows; w: e4m3 [n, k], unit stride along k;
 // scale: float32, block_scaled ? 128 x 128 blocks [ceil(n / 128), k / 128] : per row [n, 1], strides in
-// elements; bias: bf16 [n] or null; out: bf16 [m, n] contiguous. Requires 1 <= m <= 8, k % 128 == 0,
-// 16-byte aligned x, w and rows (stride_xm % 8 == 0, stride_wn % 16 == 0), rows_per_cta 16 or 32.
-// Returns a cudaError_t (0: launched).
+// elements; bias: bf16 [n] or null; out: bf16 [m, n] contiguous; device: the CUDA device (ordinal) of all
+// of them and of the stream. Requires 1 <= m <= 8, k % 128 == 0, 16-byte aligned x, w and rows
+// (stride_xm % 8 == 0, stride_wn % 16 == 0), rows_per_cta 16 or 32. Returns a cudaError_t (0: launched).
 int minisgl_fp8_gemv(const void* x, long long stride_xm, const void* w, long long stride_wn, const float* scale,
                      long long stride_sn, long long stride_sk, int block_scaled, const void* bias, void* out, int m,
-                     int n, int k, int silu_mul, int rows_per_cta, int pdl, void* stream) {
+                     int n, int k, int silu_mul, int rows_per_cta, int pdl, int device, void* stream) {
     const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
                          stride_xm % 8 == 0 && stride_wn % 16 == 0;
     if (m < 1 || m > MAX_M || n < 1 || k < GROUP || k % GROUP || !aligned ||
@@ -261,8 +261,12 @@ int minisgl_fp8_gemv(const void* x, long long stride_xm, const void* w, long lon
     const Params p{static_cast<const __nv_bfloat16*>(x), stride_xm, static_cast<const uint8_t*>(w), stride_wn,
                    scale, stride_sn, stride_sk, static_cast<const __nv_bfloat16*>(bias),
                    static_cast<__nv_bfloat16*>(out), m, n, k};
+    // this library's static CUDA runtime keeps a current device of its own, apart from torch's
+    int current = -1;
+    cudaError_t err = cudaGetDevice(&current);
+    if (err == cudaSuccess && current != device) err = cudaSetDevice(device);
+    if (err != cudaSuccess) return static_cast<int>(err);
     auto s = static_cast<cudaStream_t>(stream);
-    cudaError_t err;
     if (silu_mul)
         err = block_scaled ? launch_tiles<true, true>(p, rows_per_cta, pdl, s)
                            : launch_tiles<true, false>(p, rows_per_cta, pdl, s);

@@ -83,7 +83,7 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     fn.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p,
                    ctypes.c_longlong, ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                   ctypes.c_void_p]
+                   ctypes.c_int, ctypes.c_void_p]
     return lib, None
 
 
@@ -159,7 +159,8 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, config: Fp8Co
     err = _load()[0].minisgl_fp8_gemv(
         x.data_ptr(), x.stride(0), w.data_ptr(), w.stride(0), scale.data_ptr(), scale.stride(0),
         scale.stride(1) if block else 0, int(block), bias.data_ptr() if bias is not None else None, out.data_ptr(),
-        m, n, k, int(silu_mul), rows, int(pdl), torch.cuda.current_stream(x.device).cuda_stream)
+        m, n, k, int(silu_mul), rows, int(pdl), x.device.index if x.device.index is not None else
+        torch.cuda.current_device(), torch.cuda.current_stream(x.device).cuda_stream)
     if err:
         raise RuntimeError(f"native fp8_gemv: launch failed with cudaError {err}")
     return out
