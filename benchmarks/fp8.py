@@ -6,6 +6,7 @@
     python benchmarks/fp8.py --sweep --write   # ... and rewrites gemv.FP8_CONFIGS and fp8.FP8_GEMM_CONFIGS
     python benchmarks/fp8.py --rows 1 8        # only these batch sizes
     python benchmarks/fp8.py --chain           # a decode step's projections and norms, all 36 layers
+    MINISGL_NATIVE_GEMV=1 python benchmarks/fp8.py --chain   # ... with csrc's GEMV for the FP8 projections
 
 The sweep's winners replace the tables in memory before the comparison runs, so its figures are the
 tuned ones. Timed as benchmarks/gemv.py times (CUDA-graph replay, the weight cycled through copies so
@@ -17,6 +18,9 @@ GEMM's time is printed too (the reason for the routing).
 own weights, so that every read comes from HBM): add+RMSNorm, qkv, o (on qkv's first columns), add+RMSNorm,
 gate_up, SiLU-and-mul, down; bf16 and FP8, with SiLU-and-mul as its own launch or inside down's GEMV, and with
 programmatic dependent launch off and on.
+
+Where csrc's CUDA GEMV is built (`python -m minisgl.kernels.native build`) and the GPU is a Hopper, its time
+with 16- and 32-row CTAs is printed beside the Triton GEMV's at each batch size it serves (1-8 rows).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from triton.runtime.errors import OutOfResources
 import minisgl.kernels
 from minisgl.kernels import fp8 as fp8_kernels
 from minisgl.kernels import gemv as gemv_kernels
+from minisgl.kernels import native
 from minisgl.kernels.fp8 import FP8_GEMM_CONFIGS, Fp8GemmConfig, fp8_gemm, pick_config
 from minisgl.kernels.gemv import BLOCK_M, FP8_CONFIGS, GemvConfig, default_config, gemv
 from minisgl.kernels.norm import add_rms_norm
@@ -196,6 +201,11 @@ def main() -> None:
             print(f"rewrote FP8_CONFIGS in {gemv_kernels.__file__} and FP8_GEMM_CONFIGS in {fp8_kernels.__file__}")
 
         step = {m: [0.0, 0.0, 0.0] for m in args.rows}  # bf16, FP8, FP8 GEMM where the GEMV serves FP8
+        cuda = torch.device("cuda", torch.cuda.current_device())
+        why_not = native.unavailable(cuda)
+        print(f"native GEMV: {why_not or 'built, timed with 16- and 32-row CTAs'}")
+        native_step = {(m, rows): 0.0 for m in args.rows if m <= native.GEMV_MAX_M and not why_not
+                       for rows in (16, 32)}
         for layer, (n, k) in layers.items():
             w, wq, scale = weights[layer]
             bf16, calls = rotated(w)
@@ -208,14 +218,25 @@ def main() -> None:
                     if 16 <= m <= BLOCK_M else 0.0
                 for i, t in enumerate((t_bf16, t_fp8, t_gemm)):
                     step[m][i] += dims.layers * t
+                t_native = {rows: time_per_call(lambda: native.fp8_gemv(x, next(fp8), scale, BLOCK, rows=rows,
+                                                                         pdl=minisgl.kernels.use_pdl(cuda)),
+                                                fp8_calls, args.replays)
+                            for (rows_m, rows) in native_step if rows_m == m}
+                for rows, t in t_native.items():
+                    native_step[m, rows] += dims.layers * t
                 kernel = "gemv" if m <= BLOCK_M else f"gemm {pick_config(m, n, k)}"
                 print(f"{layer:<8} {n:>6} {k:>6} M={m:<5} bf16 {t_bf16:>8.1f}  fp8 {t_fp8:>8.1f}  "
                       f"{t_bf16 / t_fp8:.2f}x  fp8 GB/s {wq.nbytes / t_fp8 / 1e3:>5.0f}"
-                      + (f"  (gemm {t_gemm:.1f})" if t_gemm else "") + f"  [{kernel}]", flush=True)
+                      + (f"  (gemm {t_gemm:.1f})" if t_gemm else "") + f"  [{kernel}]"
+                      + "".join(f"  native/{rows} {t:.1f} ({wq.nbytes / t / 1e3:.0f} GB/s)"
+                                for rows, t in t_native.items()), flush=True)
     print(f"\n{device}: step = 4 projections x {dims.layers} layers, us")
-    print("| M | bf16 | FP8 | bf16 / FP8 | FP8 GEMM instead of the GEMV |\n|---|---|---|---|---|")
+    print("| M | bf16 | FP8 | bf16 / FP8 | FP8 GEMM instead of the GEMV | native GEMV, 16 / 32-row CTAs |\n"
+          "|---|---|---|---|---|---|")
     for m, (t_bf16, t_fp8, t_gemm) in step.items():
-        print(f"| {m} | {t_bf16:,.0f} | {t_fp8:,.0f} | {t_bf16 / t_fp8:.2f}x | {f'{t_gemm:,.0f}' if t_gemm else ''} |")
+        ours = " / ".join(f"{native_step[m, rows]:,.0f}" for rows in (16, 32) if (m, rows) in native_step)
+        print(f"| {m} | {t_bf16:,.0f} | {t_fp8:,.0f} | {t_bf16 / t_fp8:.2f}x | {f'{t_gemm:,.0f}' if t_gemm else ''} "
+              f"| {ours} |")
 
 
 if __name__ == "__main__":
