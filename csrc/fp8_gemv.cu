@@ -12,9 +12,10 @@
 // Work split: a CTA owns ROWS = 16 * TILES output rows and all of K; its 8 warps split K by whole groups
 // and meet in shared memory at the end (a fixed-order sum: results do not depend on timing). Each lane
 // streams 16-byte weight loads that bypass L1, the next group's loads in flight while the current one is
-// multiplied (8 KB per warp at TILES = 2). x is read by each warp for its own K slice only, so every CTA
-// reads x once in all; it is quantized in registers (the four lanes holding a row's 128-column group
-// reduce its amax by shuffles), so no shared-memory staging or barrier sits before the first MMA.
+// multiplied (8 KB per warp at TILES = 2), and prefetches the next group of x into L1. x is read by each warp
+// for its own K slice only, so every CTA reads x once in all; it is quantized in registers (the four lanes
+// holding a row's 128-column group reduce its amax by shuffles), so no shared-memory staging or barrier sits
+// before the first MMA.
 //
 // Lane (g, t) = (lane / 4, lane % 4) loads rows g and g + 8 of each 16-row tile at columns 16t..16t+15 of
 // both 64-column halves of a group, and x's row g at the same columns. mma's k index is only summed over,
@@ -134,8 +135,14 @@ __global__ void __launch_bounds__(THREADS, 2) fp8_gemv_kernel(Params p) {
     const int first = warp * groups / WARPS, last = (warp + 1) * groups / WARPS;
     const int lane_col = 16 * t;
 
+    // the CTA's rows lie in one 128-row weight block: one weight scale per group (block-scaled layout)
+    const float* block_scales = p.scale + (row0 / GROUP) * p.stride_sn;
     Weights<TILES> cur;
-    if (first < last) load_group(cur, p, rows, first * GROUP + lane_col);
+    float sw = 1.0f;
+    if (first < last) {
+        load_group(cur, p, rows, first * GROUP + lane_col);
+        if constexpr (BLOCK) sw = block_scales[first * p.stride_sk];
+    }
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     asm volatile("griddepcontrol.wait;" ::: "memory");
 
@@ -143,10 +150,20 @@ __global__ void __launch_bounds__(THREADS, 2) fp8_gemv_kernel(Params p) {
     const __nv_bfloat16* x_row = p.x + g * p.stride_xm + lane_col;
     float acc[TILES][4] = {};
     for (int grp = first; grp < last; ++grp) {
+        // the next group in flight: its weights into registers, its scale, its x into L1 (no registers)
         Weights<TILES> next;
-        if (grp + 1 < last) load_group(next, p, rows, (grp + 1) * GROUP + lane_col);
-        float sw = 1.0f;
-        if constexpr (BLOCK) sw = p.scale[(row0 / GROUP) * p.stride_sn + grp * p.stride_sk];
+        float sw_next = 1.0f;
+        if (grp + 1 < last) {
+            load_group(next, p, rows, (grp + 1) * GROUP + lane_col);
+            if constexpr (BLOCK) sw_next = block_scales[(grp + 1) * p.stride_sk];
+            if (has_row)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int half = 0; half < (SILU ? 2 : 1); ++half)
+                        asm volatile("prefetch.global.L1 [%0];"
+                                     :: "l"(x_row + (grp + 1) * GROUP + 64 * h + half * p.k));
+        }
 
         // x's row g at this lane's 32 columns of the group, quantized with the group's row scale
         float v[2][16];
@@ -198,6 +215,7 @@ __global__ void __launch_bounds__(THREADS, 2) fp8_gemv_kernel(Params p) {
             acc[i][3] += d[3] * s1;
         }
         cur = next;
+        sw = sw_next;
     }
 
     // d[0], d[1]: row g, x rows 2t, 2t + 1; d[2], d[3]: row g + 8
