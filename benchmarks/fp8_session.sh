@@ -3,7 +3,9 @@
 #  1. the programmatic-dependent-launch test (a decode chain replayed from a CUDA graph); if it fails, the
 #     rest runs with MINISGL_PDL=0;
 #  2. the offline workloads, SPECS: engine:model:workloads:need (workloads comma-separated, run on one engine;
-#     need: the seconds it is expected to take, skipped when fewer are left). Engine `vllm` runs
+#     need: the seconds it is expected to take, skipped when fewer are left). Engine `minisgl-native` is
+#     minisgl with MINISGL_NATIVE_GEMV=1 (csrc's FP8 GEMV, built first: python -m minisgl.kernels.native
+#     build). Engine `vllm` runs
 #     benchmarks/vllm_offline.py with vLLM 0.26.0 installed from the chunks that earlier calls carried
 #     ($HOME/peer/chunks, see ../shared/bench/PEER.md) and PEER (the .peer/c6 folder: the wheel's checksum and
 #     vLLM's dependencies), VLLM_USE_DEEP_GEMM=0 (its CUTLASS block-scaled FP8 GEMM: DeepGEMM's JIT warm-up
@@ -55,8 +57,9 @@ for spec in ${SPECS:-minisgl:qwen3-8b-fp8:w2,w1:80 minisgl:qwen3-8b:w2:45 minisg
     env PYTHONPATH="$HOME/peer/site:$PWD/benchmarks" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0 \
       VLLM_USE_DEEP_GEMM=0 timeout $((budget - SECONDS)) python3 benchmarks/vllm_offline.py \
       --config ".bench_models/$model.json" --workload "$workloads" >> "$out/vllm.log" 2>&1
-  else
-    timeout $((budget - SECONDS)) python3 benchmarks/offline.py --config ".bench_models/$model.json" \
+  else  # engine minisgl-native: csrc's FP8 GEMV for every projection it serves (MINISGL_NATIVE_GEMV=1)
+    native=(); [ "$engine" = minisgl-native ] && native=(MINISGL_NATIVE_GEMV=1)
+    env "${native[@]}" timeout $((budget - SECONDS)) python3 benchmarks/offline.py --config ".bench_models/$model.json" \
       --workload "$workloads" >> "$out/bench.log" 2>&1
   fi
   log "$spec: exit $?"
