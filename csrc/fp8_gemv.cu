@@ -1,13 +1,14 @@
 // FP8 decode GEMV for Hopper (sm_90a): out[M, N] = x[M, K] @ dequant(w[N, K])^T (+ bias), M = 1..8.
 //
 // Same arithmetic as minisgl.layers.fp8.fp8_linear_torch and the Triton GEMV (minisgl/kernels/gemv.py):
-// x is quantized to e4m3 per row and 128-column group (scale = amax / 448, x / scale rounded to nearest),
-// each group's e4m3 products are summed exactly in float32 on the tensor cores (mma.sync m16n8k32 e4m3,
-// weights as the 16-row A operand, x as the 8-column B operand: M <= 8 fills it) and scaled by the row's
-// activation scale and the weight's scale. Quantizing x, not widening the weights, keeps the CUDA cores
-// idle: widening in registers at M = 8 asks ~8 float32 FMAs per weight byte, more than an H100 SM issues
+// x is quantized to e4m3 per row and 128-column group (scale = amax / 448, x times its reciprocal rounded to
+// nearest), each group's e4m3 products are summed exactly in float32 on the tensor cores (mma.sync m16n8k32
+// e4m3, weights as the 16-row A operand, x as the 8-column B operand: M <= 8 fills it) and scaled by the row's
+// activation scale and the weight's scale. Quantizing x leaves the multiply-adds to the tensor cores:
+// widening the weights for float32 FMAs asks ~8 FMAs per weight byte at M = 8, more than an H100 SM issues
 // while its share of HBM bandwidth delivers that byte (the Triton weight-widening GEMV measured 3.65 ms a
-// step against 3.18 for the quantizing one).
+// step against 3.18 for the quantizing one). Hopper multiplies FP8 natively only in wgmma: ptxas lowers this
+// mma to e4m3 -> f16 unpacks (F2FP, two bytes each) and f16 HMMAs, exact all the same.
 //
 // Work split: a CTA owns ROWS = 16 * TILES output rows and all of K; its 8 warps split K by whole groups
 // and meet in shared memory at the end (a fixed-order sum: results do not depend on timing). Each lane
@@ -70,7 +71,7 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 // d += a (16 x 32 e4m3) @ b (32 x 8 e4m3), float32
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
