@@ -20,7 +20,8 @@ gate_up, SiLU-and-mul, down; bf16 and FP8, with SiLU-and-mul as its own launch o
 programmatic dependent launch off and on.
 
 Where csrc's CUDA GEMV is built (`python -m minisgl.kernels.native build`) and the GPU is a Hopper, its time
-with 16- and 32-row CTAs is printed beside the Triton GEMV's at each batch size it serves (1-8 rows).
+with 16- and 32-row CTAs is printed beside the Triton GEMV's at each batch size it serves (1-8 rows), and
+the rows of `native.NATIVE_FP8_GEMV` for the projections where it was the faster over those batch sizes.
 """
 
 from __future__ import annotations
@@ -206,8 +207,11 @@ def main() -> None:
         print(f"native GEMV: {why_not or 'built, timed with 16- and 32-row CTAs'}")
         native_step = {(m, rows): 0.0 for m in args.rows if m <= native.GEMV_MAX_M and not why_not
                        for rows in (16, 32)}
+        native_rows = []  # NATIVE_FP8_GEMV's rows to paste
+        served = sorted({m for m, _ in native_step})
         for layer, (n, k) in layers.items():
             w, wq, scale = weights[layer]
+            triton_us, native_us = 0.0, {16: 0.0, 32: 0.0}  # summed over the batch sizes both serve
             bf16, calls = rotated(w)
             fp8, fp8_calls = rotated(wq)
             for m in args.rows:
@@ -224,12 +228,21 @@ def main() -> None:
                             for (rows_m, rows) in native_step if rows_m == m}
                 for rows, t in t_native.items():
                     native_step[m, rows] += dims.layers * t
+                    native_us[rows] += t
+                if t_native:  # against the Triton GEMV itself (the FP8 column is the layers' dispatch)
+                    triton_us += time_per_call(lambda: gemv(x, next(fp8), scale=scale, fp8=BLOCK), fp8_calls,
+                                               args.replays)
                 kernel = "gemv" if m <= BLOCK_M else f"gemm {pick_config(m, n, k)}"
                 print(f"{layer:<8} {n:>6} {k:>6} M={m:<5} bf16 {t_bf16:>8.1f}  fp8 {t_fp8:>8.1f}  "
                       f"{t_bf16 / t_fp8:.2f}x  fp8 GB/s {wq.nbytes / t_fp8 / 1e3:>5.0f}"
                       + (f"  (gemm {t_gemm:.1f})" if t_gemm else "") + f"  [{kernel}]"
                       + "".join(f"  native/{rows} {t:.1f} ({wq.nbytes / t / 1e3:.0f} GB/s)"
                                 for rows, t in t_native.items()), flush=True)
+            best = min(native_us, key=native_us.get)
+            if triton_us and native_us[best] < triton_us:
+                native_rows.append(f"    # {device} qwen3-8b TP1 {layer}: {native_us[best]:.1f} us against the Triton "
+                                   f"GEMV's {triton_us:.1f} (summed over M in {served})\n"
+                                   f"    ({n}, {k}): {best},")
     print(f"\n{device}: step = 4 projections x {dims.layers} layers, us")
     print("| M | bf16 | FP8 | bf16 / FP8 | FP8 GEMM instead of the GEMV | native GEMV, 16 / 32-row CTAs |\n"
           "|---|---|---|---|---|---|")
@@ -237,6 +250,8 @@ def main() -> None:
         ours = " / ".join(f"{native_step[m, rows]:,.0f}" for rows in (16, 32) if (m, rows) in native_step)
         print(f"| {m} | {t_bf16:,.0f} | {t_fp8:,.0f} | {t_bf16 / t_fp8:.2f}x | {f'{t_gemm:,.0f}' if t_gemm else ''} "
               f"| {ours} |")
+    if native_step:
+        print("\nNATIVE_FP8_GEMV rows (minisgl/kernels/native.py):\n" + "\n".join(native_rows or ["    (none faster)"]))
 
 
 if __name__ == "__main__":
