@@ -1,14 +1,16 @@
 """csrc's CUDA FP8 decode GEMV (minisgl.kernels.native) against the torch reference, `fp8_linear_torch` (x
 quantized per row and 128-column group as the kernel does, both operands dequantized, one float32 matmul):
 qwen3-8b's projections and ragged shapes, both scale layouts, 1-8 rows, both CTA heights, eager and
-replayed from a CUDA graph with programmatic dependent launch. The library is built here with nvcc; Hopper only
-(the library is built for sm_90a; the CPU side is tests/kernels/test_native_build.py)."""
+replayed from a CUDA graph with programmatic dependent launch, and inside the engine. The library is built here
+with nvcc; Hopper only (it is built for sm_90a; the CPU side is tests/kernels/test_native_build.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from helpers import make_llm
 from kernels.test_fp8_kernels import BLOCK128, GPU_SHAPES, TOL
+from test_fast_path import PARAMS, PROMPTS, assert_same_greedy
 
 from minisgl.kernels import native
 from minisgl.kernels.gemv import gemv
@@ -18,6 +20,7 @@ from minisgl.layers.fp8 import fp8_linear_torch, quantize_weight
 from minisgl.layers.linear import fp8_linear
 from minisgl.layers.norm import RMSNorm
 from minisgl.quantization import Fp8Config
+from minisgl.tools.tiny_model import make_tiny_model
 
 LAYOUTS = {"block128": BLOCK128, "per_channel": Fp8Config()}
 # (N, K, silu_mul, bias): qwen3-8b's qkv, o, gate_up and down (SiLU-and-mul inside) at TP 1; N not a multiple
@@ -112,3 +115,26 @@ def test_decode_mlp_replayed_from_a_cuda_graph_with_programmatic_dependent_launc
         h, _ = norm.forward_torch(x, residual)
         expected = fp8_linear_torch(silu_and_mul_torch(fp8_linear_torch(h, w13, s13, BLOCK128)), w2, s2, BLOCK128)
         torch.testing.assert_close(out.float(), expected.float(), **TOL)
+
+
+def test_engine_decodes_as_with_the_triton_gemv(tmp_path, monkeypatch):
+    """A tiny qwen3 FP8 checkpoint (128 x 128 blocks) whose every projection the native GEMV serves, in
+    bfloat16 with decode CUDA graphs: greedy tokens and log-probabilities with MINISGL_NATIVE_GEMV=1 as with
+    =0 (the Triton GEMV, the same arithmetic)."""
+    path = str(make_tiny_model(tmp_path / "fp8", "qwen3", fp8_block=128, hidden_size=256, intermediate_size=384,
+                               head_dim=64, num_attention_heads=4, num_key_value_heads=2))
+    outs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("MINISGL_NATIVE_GEMV", flag)
+        engine = make_llm(path, dtype="bfloat16")
+        projections = [(name, layer) for name, layer in engine.engine.model.named_modules()
+                       if getattr(layer, "quant", None) is not None and hasattr(layer, "weight_scale_inv")]
+        assert len(projections) == 8  # qkv, o, gate_up, down x 2 layers
+        for name, layer in projections:  # decode rows of each: all served natively under =1
+            silu_mul = name.endswith("down_proj")
+            x = torch.zeros(1, layer.weight.shape[1] * (2 if silu_mul else 1), dtype=torch.bfloat16, device="cuda")
+            assert native.fp8_gemv_rejects(x, layer.weight, layer.weight_scale_inv, layer.quant, silu_mul=silu_mul) \
+                is None, name
+        outs[flag] = engine.generate(PROMPTS, PARAMS)
+        engine.shutdown()
+    assert_same_greedy(outs["1"], outs["0"])
