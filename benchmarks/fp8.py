@@ -19,7 +19,7 @@ own weights, so that every read comes from HBM): add+RMSNorm, qkv, o (on qkv's f
 gate_up, SiLU-and-mul, down; bf16 and FP8, with SiLU-and-mul as its own launch or inside down's GEMV, and with
 programmatic dependent launch off and on.
 
-Where csrc's CUDA GEMV is built (`python -m minisgl.kernels.native build`) and the GPU is a Hopper, its time
+Where csrc's CUDA GEMV is built (`python -m minisgl.tools.build_csrc`) and the GPU is a Hopper, its time
 with 16- and 32-row CTAs is printed beside the Triton GEMV's at each batch size it serves (1-8 rows), and
 the rows of `native.NATIVE_FP8_GEMV` for the projections where it was the faster over those batch sizes.
 """

@@ -4,8 +4,8 @@
 #     rest runs with MINISGL_PDL=0;
 #  2. the offline workloads, SPECS: engine:model:workloads:need (workloads comma-separated, run on one engine;
 #     need: the seconds it is expected to take, skipped when fewer are left). Engine `minisgl-native` is
-#     minisgl with MINISGL_NATIVE_GEMV=1 (csrc's FP8 GEMV, built first: python -m minisgl.kernels.native
-#     build). Engine `vllm` runs
+#     minisgl with MINISGL_NATIVE_GEMV=1 (csrc's FP8 GEMV, built first: python -m minisgl.tools.build_csrc).
+#     Engine `vllm` runs
 #     benchmarks/vllm_offline.py with vLLM 0.26.0 installed from the chunks that earlier calls carried
 #     ($HOME/peer/chunks, see ../shared/bench/PEER.md) and PEER (the .peer/c6 folder: the wheel's checksum and
 #     vLLM's dependencies), VLLM_USE_DEEP_GEMM=0 (its CUTLASS block-scaled FP8 GEMM: DeepGEMM's JIT warm-up

@@ -4,8 +4,8 @@ ctypes, not a torch C++ extension: the library is plain CUDA (static cudart) wit
 pointers and a stream, so the CUDA version of the nvcc that builds it need not match torch's. Launches go to
 `torch.cuda.current_stream()`, so they are captured by CUDA graphs like any kernel.
 
-    python -m minisgl.kernels.native build      # nvcc -> csrc/build/libminisgl_csrc.so (MINISGL_CSRC_LIB
-                                                # names another library to load instead)
+    python -m minisgl.tools.build_csrc     # nvcc -> csrc/build/libminisgl_csrc.so (MINISGL_CSRC_LIB names
+                                           # another library to load instead)
 
 The library serves only where it can (loaded, its ABI version matching, a Hopper GPU): `unavailable()` says
 why not, and callers keep their Triton path. Today it holds the FP8 decode GEMV (`csrc/fp8_gemv.cu`), which
@@ -19,7 +19,6 @@ import ctypes
 import os
 import shutil
 import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 
@@ -71,7 +70,7 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     """(the library, None) or (None, why it cannot be used); tried once per process."""
     path = library_path()
     if not path.exists():
-        return None, f"no csrc library at {path} (build it: python -m minisgl.kernels.native build)"
+        return None, f"no csrc library at {path} (build it: python -m minisgl.tools.build_csrc)"
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as exc:
@@ -165,8 +164,3 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, config: Fp8Co
         raise RuntimeError(f"native fp8_gemv: launch failed with cudaError {err}")
     return out
 
-
-if __name__ == "__main__":
-    if sys.argv[1:] != ["build"]:
-        sys.exit(__doc__)
-    print(build())

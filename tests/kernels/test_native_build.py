@@ -57,7 +57,7 @@ def test_missing_library_gives_the_path_and_how_to_build(monkeypatch, tmp_path):
         lib, reason = native._load()
     finally:
         native._load.cache_clear()
-    assert lib is None and str(tmp_path / "absent.so") in reason and "minisgl.kernels.native build" in reason
+    assert lib is None and str(tmp_path / "absent.so") in reason and "minisgl.tools.build_csrc" in reason
 
 
 def test_fp8_layers_fall_back_on_the_cpu_with_the_native_gemv_forced(monkeypatch, use_library):
