@@ -4,7 +4,7 @@
 #     rest runs with MINISGL_PDL=0;
 #  2. the offline workloads, SPECS: engine:model:workloads:need (workloads comma-separated, run on one engine;
 #     need: the seconds it is expected to take, skipped when fewer are left). Engine `minisgl-native` is
-#     minisgl with MINISGL_NATIVE_GEMV=1 (csrc's FP8 GEMV, built first: python -m minisgl.tools.build_csrc).
+#     minisgl with MINISGL_NATIVE_GEMV=1 (csrc's FP8 GEMV, which this script builds first).
 #     Engine `vllm` runs
 #     benchmarks/vllm_offline.py with vLLM 0.26.0 installed from the chunks that earlier calls carried
 #     ($HOME/peer/chunks, see ../shared/bench/PEER.md) and PEER (the .peer/c6 folder: the wheel's checksum and
@@ -42,6 +42,9 @@ if [ "${SWEEP:-0}" = 1 ]; then
   cp minisgl/kernels/gemv.py minisgl/kernels/fp8.py "$out/"
 fi
 
+case " ${SPECS:-} " in *" minisgl-native:"*)
+  log "csrc build: $(python3 -m minisgl.tools.build_csrc 2>&1 | tail -1)" ;;
+esac
 vllm_ready=0 PEER=${PEER:-.peer/c6}
 for spec in ${SPECS:-minisgl:qwen3-8b-fp8:w2,w1:80 minisgl:qwen3-8b:w2:45 minisgl:qwen3-30b-a3b-fp8:w2,w1:100}; do
   IFS=: read -r engine model workloads need <<< "$spec"
