@@ -1,260 +1,13 @@
-// FP8 decode GEMV for Hopper (sm_90a): out[M, N] = x[M, K] @ dequant(w[N, K])^T (+ bias), M = 1..8.
-//
-// Same arithmetic as minisgl.layers.fp8.fp8_linear_torch and the Triton GEMV (minisgl/kernels/gemv.py):
-// x is quantized to e4m3 per row and 128-column group (scale = amax / 448, x times its reciprocal rounded to
-// nearest), each group's e4m3 products are summed exactly in float32 on the tensor cores (mma.sync m16n8k32
-// e4m3, weights as the 16-row A operand, x as the 8-column B operand: M <= 8 fills it) and scaled by the row's
-// activation scale and the weight's scale. Quantizing x leaves the multiply-adds to the tensor cores:
-// widening the weights for float32 FMAs asks ~8 FMAs per weight byte at M = 8, more than an H100 SM issues
-// while its share of HBM bandwidth delivers that byte (the Triton weight-widening GEMV measured 3.65 ms a
-// step against 3.18 for the quantizing one). Hopper multiplies FP8 natively only in wgmma: ptxas lowers this
-// mma to e4m3 -> f16 unpacks (F2FP, two bytes each) and f16 HMMAs, exact all the same.
-//
-// Work split: a CTA owns ROWS = 16 * TILES output rows and all of K; its 8 warps split K by whole groups
-// and meet in shared memory at the end (a fixed-order sum: results do not depend on timing). Each lane
-// streams 16-byte weight loads that bypass L1, the next group's loads in flight while the current one is
-// multiplied (8 KB per warp at TILES = 2), and prefetches the next group of x into L1. x is read by each warp
-// for its own K slice only, so every CTA reads x once in all; it is quantized in registers (the four lanes
-// holding a row's 128-column group reduce its amax by shuffles), so no shared-memory staging or barrier sits
-// before the first MMA.
-//
-// Lane (g, t) = (lane / 4, lane % 4) loads rows g and g + 8 of each 16-row tile at columns 16t..16t+15 of
-// both 64-column halves of a group, and x's row g at the same columns. mma's k index is only summed over,
-// so any assignment of physical columns to a lane's k slots works when A and B use the same one: the lane's
-// 8-byte halves of each 16-byte load feed one MMA each (registers a0/a2 from row g, a1/a3 from row g + 8,
-// b0/b1 from x's row g).
-//
-// Programmatic dependent launch (pdl != 0, launched with cudaLaunchKernelEx): the first group's weight
-// loads are issued, dependents are let launch, then griddepcontrol.wait precedes every read of x (written
-// by the previous kernel). Without the launch attribute the wait returns at once.
+// The C ABI of csrc's FP8 decode GEMVs (raw device pointers, sizes, strides, a stream; cudaError_t as int),
+// loaded with ctypes by minisgl/kernels/native.py. The kernels: fp8_gemv_mma.cu (x quantized to e4m3, tensor
+// cores, M = 1..8) and fp8_gemv_widen.cu (x in float32, weights widened on the CUDA cores, M = 1..2).
 
-#include <cuda_bf16.h>
-#include <cuda_fp8.h>
-#include <cuda_runtime.h>
-
-#include <cstdint>
+#include "fp8_gemv.cuh"
 
 namespace {
 
-constexpr int GROUP = 128;  // K columns per activation (and weight) scale
-constexpr int WARPS = 8;    // warps per CTA, splitting K
-constexpr int THREADS = WARPS * 32;
-constexpr int MAX_M = 8;    // x rows: the MMA's N dimension
-constexpr float FP8_MAX = 448.0f;
-constexpr float MIN_SCALE = 1e-10f;
-constexpr int ABI_VERSION = 1;
-
-struct Params {
-    const __nv_bfloat16* x;
-    long long stride_xm;  // elements between x's rows
-    const uint8_t* w;     // e4m3 [N, K], unit stride along K
-    long long stride_wn;
-    const float* scale;   // block: [ceil(N / 128), K / 128]; per-channel: [N, 1]
-    long long stride_sn, stride_sk;
-    const __nv_bfloat16* bias;  // [N] or null
-    __nv_bfloat16* out;         // [M, N], contiguous
-    int m, n, k;
-};
-
-__device__ __forceinline__ uint4 load_streaming(const uint8_t* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
-    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// d += a (16 x 32 e4m3) @ b (32 x 8 e4m3), float32
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-    asm(
-        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
-
-// 8 bf16 (one 16-byte load) as floats; with SILU, silu(gate) * up rounded to bf16 as silu_and_mul does
-template <bool SILU>
-__device__ __forceinline__ void widen_x(const uint4& gate, const uint4& up, float* v) {
-    const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&gate);
-    const __nv_bfloat162* u2 = reinterpret_cast<const __nv_bfloat162*>(&up);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        float2 g = __bfloat1622float2(g2[i]);
-        if constexpr (SILU) {
-            float2 u = __bfloat1622float2(u2[i]);
-            g.x = bf16_round(bf16_round(__fdividef(g.x, 1.0f + __expf(-g.x))) * u.x);
-            g.y = bf16_round(bf16_round(__fdividef(g.y, 1.0f + __expf(-g.y))) * u.y);
-        }
-        v[2 * i] = g.x;
-        v[2 * i + 1] = g.y;
-    }
-}
-
-__device__ __forceinline__ uint32_t pack_e4m3(float a, float b, float c, float d) {
-    uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
-    uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
-    return lo | (hi << 16);
-}
-
-template <int TILES>
-struct Weights {
-    uint4 v[TILES][2][2];  // [tile][64-column half][row g, row g + 8]
-};
-
-template <int TILES>
-__device__ __forceinline__ void load_group(Weights<TILES>& w, const Params& p, const int (&rows)[TILES][2],
-                                           int col) {
-#pragma unroll
-    for (int i = 0; i < TILES; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int r = 0; r < 2; ++r) w.v[i][h][r] = load_streaming(p.w + rows[i][r] * p.stride_wn + col + 64 * h);
-}
-
-template <bool SILU, bool BLOCK, int TILES>
-__global__ void __launch_bounds__(THREADS, 2) fp8_gemv_kernel(Params p) {
-    constexpr int ROWS = 16 * TILES;
-    __shared__ float partial[WARPS][MAX_M][ROWS];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int g = lane / 4, t = lane % 4;
-    const int row0 = blockIdx.x * ROWS;
-    int rows[TILES][2];  // this lane's weight rows, clamped into W (results past N are not stored)
-#pragma unroll
-    for (int i = 0; i < TILES; ++i)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) rows[i][r] = min(row0 + 16 * i + g + 8 * r, p.n - 1);
-    const int groups = p.k / GROUP;
-    const int first = warp * groups / WARPS, last = (warp + 1) * groups / WARPS;
-    const int lane_col = 16 * t;
-
-    // the CTA's rows lie in one 128-row weight block: one weight scale per group (block-scaled layout)
-    const float* block_scales = p.scale + (row0 / GROUP) * p.stride_sn;
-    Weights<TILES> cur;
-    float sw = 1.0f;
-    if (first < last) {
-        load_group(cur, p, rows, first * GROUP + lane_col);
-        if constexpr (BLOCK) sw = block_scales[first * p.stride_sk];
-    }
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-
-    const bool has_row = g < p.m;
-    const __nv_bfloat16* x_row = p.x + g * p.stride_xm + lane_col;
-    float acc[TILES][4] = {};
-    for (int grp = first; grp < last; ++grp) {
-        // the next group in flight: its weights into registers, its scale, its x into L1 (no registers)
-        Weights<TILES> next;
-        float sw_next = 1.0f;
-        if (grp + 1 < last) {
-            load_group(next, p, rows, (grp + 1) * GROUP + lane_col);
-            if constexpr (BLOCK) sw_next = block_scales[(grp + 1) * p.stride_sk];
-            if (has_row)
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-#pragma unroll
-                    for (int half = 0; half < (SILU ? 2 : 1); ++half)
-                        asm volatile("prefetch.global.L1 [%0];"
-                                     :: "l"(x_row + (grp + 1) * GROUP + 64 * h + half * p.k));
-        }
-
-        // x's row g at this lane's 32 columns of the group, quantized with the group's row scale
-        float v[2][16];
-        const uint4 zero = make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                const __nv_bfloat16* src = x_row + grp * GROUP + 64 * h + 8 * j;
-                uint4 gate = has_row ? *reinterpret_cast<const uint4*>(src) : zero;
-                uint4 up = SILU && has_row ? *reinterpret_cast<const uint4*>(src + p.k) : zero;
-                widen_x<SILU>(gate, up, &v[h][8 * j]);
-            }
-        float amax = 0.0f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[h][i]));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-        // x / sx as a product with its reciprocal (a value can round to the neighbouring e4m3 one, as in the
-        // Triton GEMV); the conversion saturates at 448
-        const float sx = fmaxf(amax, MIN_SCALE) / FP8_MAX, inv = 1.0f / sx;
-        uint32_t xq[2][4];
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const float* q = &v[h][4 * j];
-                xq[h][j] = pack_e4m3(q[0] * inv, q[1] * inv, q[2] * inv, q[3] * inv);
-            }
-        // the scales of x's rows 2t and 2t + 1 (this lane's accumulator columns), held by lanes 8t and 8t + 4
-        const float s0 = __shfl_sync(0xffffffffu, sx, 8 * t) * sw;
-        const float s1 = __shfl_sync(0xffffffffu, sx, 8 * t + 4) * sw;
-
-#pragma unroll
-        for (int i = 0; i < TILES; ++i) {
-            float d[4] = {};
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-                for (int s = 0; s < 2; ++s)
-                    mma_e4m3(d, word(cur.v[i][h][0], 2 * s), word(cur.v[i][h][1], 2 * s),
-                             word(cur.v[i][h][0], 2 * s + 1), word(cur.v[i][h][1], 2 * s + 1), xq[h][2 * s],
-                             xq[h][2 * s + 1]);
-            acc[i][0] += d[0] * s0;
-            acc[i][1] += d[1] * s1;
-            acc[i][2] += d[2] * s0;
-            acc[i][3] += d[3] * s1;
-        }
-        cur = next;
-        sw = sw_next;
-    }
-
-    // d[0], d[1]: row g, x rows 2t, 2t + 1; d[2], d[3]: row g + 8
-#pragma unroll
-    for (int i = 0; i < TILES; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) partial[warp][2 * t + j % 2][16 * i + g + 8 * (j / 2)] = acc[i][j];
-    __syncthreads();
-    for (int e = threadIdx.x; e < MAX_M * ROWS; e += THREADS) {
-        const int m = e / ROWS, r = e % ROWS, n = row0 + r;
-        if (m >= p.m || n >= p.n) continue;
-        float y = 0.0f;
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) y += partial[w][m][r];
-        if constexpr (!BLOCK) y *= p.scale[n * p.stride_sn];
-        if (p.bias) y += __bfloat162float(p.bias[n]);
-        p.out[m * p.n + n] = __float2bfloat16_rn(y);
-    }
-}
-
-template <bool SILU, bool BLOCK, int TILES>
-cudaError_t launch(const Params& p, bool pdl, cudaStream_t stream) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((p.n + 16 * TILES - 1) / (16 * TILES));
-    config.blockDim = dim3(THREADS);
-    config.stream = stream;
-    cudaLaunchAttribute attribute;
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &attribute;
-    config.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&config, fp8_gemv_kernel<SILU, BLOCK, TILES>, p);
-}
-
-template <bool SILU, bool BLOCK>
-cudaError_t launch_tiles(const Params& p, int rows_per_cta, bool pdl, cudaStream_t stream) {
-    return rows_per_cta == 32 ? launch<SILU, BLOCK, 2>(p, pdl, stream) : launch<SILU, BLOCK, 1>(p, pdl, stream);
-}
+constexpr int ABI_VERSION = 2;
+enum Variant { MMA = 0, WIDEN = 1 };
 
 }  // namespace
 
@@ -263,19 +16,23 @@ extern "C" {
 // Bumped whenever minisgl_fp8_gemv's arguments change, so that the loader refuses a stale library.
 int minisgl_fp8_gemv_abi_version() { return ABI_VERSION; }
 
-// out = x @ dequant(w)^T (+ bias); see the top of this file. x: bf16 [m, k] (silu_mul: [m, 2k], gate | up)
-// with unit stride along k and stride_xm elements between rows; w: e4m3 [n, k], unit stride along k;
-// scale: float32, block_scaled ? 128 x 128 blocks [ceil(n / 128), k / 128] : per row [n, 1], strides in
-// elements; bias: bf16 [n] or null; out: bf16 [m, n] contiguous; device: the CUDA device (ordinal) of all
-// of them and of the stream. Requires 1 <= m <= 8, k % 128 == 0, 16-byte aligned x, w and rows
-// (stride_xm % 8 == 0, stride_wn % 16 == 0), rows_per_cta 16 or 32. Returns a cudaError_t (0: launched).
+// out = x @ dequant(w)^T (+ bias). x: bf16 [m, k] (silu_mul: [m, 2k], gate | up) with unit stride along k
+// and stride_xm elements between rows; w: e4m3 [n, k], unit stride along k; scale: float32, block_scaled ?
+// 128 x 128 blocks [ceil(n / 128), k / 128] : per row [n, 1], strides in elements; bias: bf16 [n] or null;
+// out: bf16 [m, n] contiguous; device: the CUDA device (ordinal) of all of them and of the stream.
+// variant 0 (mma): 1 <= m <= 8, rows_per_cta 16 or 32; variant 1 (widen): 1 <= m <= 2, rows_per_cta 8 or 16.
+// Both: k % 128 == 0, 16-byte aligned x, w and rows (stride_xm % 8 == 0, stride_wn % 16 == 0).
+// Returns a cudaError_t (0: launched).
 int minisgl_fp8_gemv(const void* x, long long stride_xm, const void* w, long long stride_wn, const float* scale,
                      long long stride_sn, long long stride_sk, int block_scaled, const void* bias, void* out, int m,
-                     int n, int k, int silu_mul, int rows_per_cta, int pdl, int device, void* stream) {
+                     int n, int k, int silu_mul, int variant, int rows_per_cta, int pdl, int device, void* stream) {
+    using namespace minisgl_csrc;
     const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
                          stride_xm % 8 == 0 && stride_wn % 16 == 0;
-    if (m < 1 || m > MAX_M || n < 1 || k < GROUP || k % GROUP || !aligned ||
-        (rows_per_cta != 16 && rows_per_cta != 32))
+    const bool served = variant == MMA ? m <= MMA_MAX_M && (rows_per_cta == 16 || rows_per_cta == 32)
+                        : variant == WIDEN ? m <= WIDEN_MAX_M && (rows_per_cta == 8 || rows_per_cta == 16)
+                                           : false;
+    if (!served || m < 1 || n < 1 || k < GROUP || k % GROUP || !aligned)
         return static_cast<int>(cudaErrorInvalidValue);
     const Params p{static_cast<const __nv_bfloat16*>(x), stride_xm, static_cast<const uint8_t*>(w), stride_wn,
                    scale, stride_sn, stride_sk, static_cast<const __nv_bfloat16*>(bias),
@@ -286,12 +43,8 @@ int minisgl_fp8_gemv(const void* x, long long stride_xm, const void* w, long lon
     if (err == cudaSuccess && current != device) err = cudaSetDevice(device);
     if (err != cudaSuccess) return static_cast<int>(err);
     auto s = static_cast<cudaStream_t>(stream);
-    if (silu_mul)
-        err = block_scaled ? launch_tiles<true, true>(p, rows_per_cta, pdl, s)
-                           : launch_tiles<true, false>(p, rows_per_cta, pdl, s);
-    else
-        err = block_scaled ? launch_tiles<false, true>(p, rows_per_cta, pdl, s)
-                           : launch_tiles<false, false>(p, rows_per_cta, pdl, s);
+    err = variant == MMA ? launch_mma(p, silu_mul, block_scaled, rows_per_cta, pdl, s)
+                         : launch_widen(p, silu_mul, block_scaled, rows_per_cta, pdl, s);
     return static_cast<int>(err);
 }
 

@@ -8,9 +8,12 @@ pointers and a stream, so the CUDA version of the nvcc that builds it need not m
                                            # another library to load instead)
 
 The library serves only where it can (loaded, its ABI version matching, a Hopper GPU): `unavailable()` says
-why not, and callers keep their Triton path. Today it holds the FP8 decode GEMV (`csrc/fp8_gemv.cu`), which
-the FP8 layers try first (`try_fp8_gemv`) for the shapes in NATIVE_FP8_GEMV, or for every shape it serves
-with MINISGL_NATIVE_GEMV=1 (=0: never).
+why not, and callers keep their Triton path. Today it holds the FP8 decode GEMV in two variants (VARIANTS):
+"mma" (`csrc/fp8_gemv_mma.cu`: x quantized to e4m3 as the Triton GEMV does, tensor cores, 1-8 rows) and
+"widen" (`csrc/fp8_gemv_widen.cu`: x kept in float32, weights widened on the CUDA cores, 1-2 rows). The FP8
+layers try it first (`try_fp8_gemv`) for the (M, N, K) in NATIVE_FP8_GEMV; MINISGL_NATIVE_GEMV overrides the
+table: =1 every shape either variant serves (widen up to its 2 rows, then mma), =mma or =widen only that
+variant, =0 never.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import ctypes
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -30,16 +34,30 @@ from minisgl.quantization import Fp8Config
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
 LIBRARY = "libminisgl_csrc.so"
 LIBRARY_ENV = "MINISGL_CSRC_LIB"
-ABI_VERSION = 1  # csrc's ABI_VERSION: a library built from other sources is refused
-SOURCES = ("fp8_gemv.cu",)
+ABI_VERSION = 2  # csrc's ABI_VERSION: a library built from other sources is refused
+SOURCES = ("fp8_gemv.cu", "fp8_gemv_mma.cu", "fp8_gemv_widen.cu")  # (and the header they share, fp8_gemv.cuh)
 NVCC_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler", "-fPIC",
               "-cudart", "static")
-GEMV_MAX_M = 8  # x rows per GEMV: the width of the tensor-core tile it fills with x
 GROUP = 128  # K columns per scale group; the block-scaled layout's blocks are GROUP x GROUP
+SMS = 132  # an H100's SMs: the default CTA heights keep two CTAs per SM where the rows allow
 
-# (N, K) -> rows per CTA, for the FP8 projections that `python benchmarks/fp8.py --rows 1 8` measured faster
-# in the native GEMV than in the Triton one. Empty until a GPU has measured it (the kernel has not yet run).
-NATIVE_FP8_GEMV: dict[tuple[int, int], int] = {}
+
+@dataclass(frozen=True)
+class Variant:
+    """One of csrc's FP8 GEMV kernels: its C ABI code, the most x rows it takes, its CTA heights (small, big)."""
+
+    code: int
+    max_m: int
+    rows: tuple[int, int]
+
+
+VARIANTS = {"mma": Variant(0, 8, (16, 32)), "widen": Variant(1, 2, (8, 16))}
+GEMV_MAX_M = max(v.max_m for v in VARIANTS.values())
+
+# (M, N, K) -> (variant, rows per CTA), for the FP8 projections and batch sizes where `python benchmarks/fp8.py
+# --rows 1 2 8` measured a native variant faster than the Triton GEMV. Empty until a GPU has measured it (the
+# kernels have not yet run): every decode batch keeps the Triton GEMV.
+NATIVE_FP8_GEMV: dict[tuple[int, int, int], tuple[str, int]] = {}
 
 
 def find_nvcc() -> str | None:
@@ -81,7 +99,7 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p,
                    ctypes.c_longlong, ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                    ctypes.c_int, ctypes.c_void_p]
     return lib, None
 
@@ -98,13 +116,14 @@ def unavailable(device: torch.device) -> str | None:
 
 
 def fp8_gemv_rejects(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, config: Fp8Config,
-                     bias: torch.Tensor | None = None, silu_mul: bool = False) -> str | None:
-    """Why `fp8_gemv` does not serve these operands, or None when it does (not counting `unavailable`)."""
+                     bias: torch.Tensor | None = None, silu_mul: bool = False, variant: str = "mma") -> str | None:
+    """Why `fp8_gemv` does not serve these operands in `variant`, or None when it does (not counting
+    `unavailable`)."""
     m, k = x.shape[0], w.shape[1]
     if x.dim() != 2 or x.dtype != torch.bfloat16 or x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         return "x must be a 2-D bfloat16 tensor, unit stride along K, 16-byte aligned rows"
-    if not 1 <= m <= GEMV_MAX_M:
-        return f"x has {m} rows; the native GEMV takes 1..{GEMV_MAX_M}"
+    if not 1 <= m <= VARIANTS[variant].max_m:
+        return f"x has {m} rows; the native GEMV ({variant}) takes 1..{VARIANTS[variant].max_m}"
     if x.shape[1] != (2 if silu_mul else 1) * k:
         return f"x has {x.shape[1]} columns; w's K is {k}" + (" (silu_mul: x is [M, 2K])" if silu_mul else "")
     if w.dtype != torch.float8_e4m3fn or w.stride(1) != 1 or w.stride(0) % 16 or w.data_ptr() % 16:
@@ -120,47 +139,69 @@ def fp8_gemv_rejects(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, conf
     return None
 
 
-def rows_per_cta(n: int) -> int:
-    """Output rows per CTA (16 or 32): 32 halves the re-reads of x, 16 doubles the CTAs of small layers.
-    Unmeasured: 32 wherever that still makes two CTAs per SM of an H100 (132)."""
-    return 32 if n >= 32 * 2 * 132 else 16
+def default_variant(m: int) -> str:
+    """The variant for m rows when none was measured: widen while it serves (mma's 8-column tile would be
+    mostly padding), then mma. Unmeasured."""
+    return "widen" if m <= VARIANTS["widen"].max_m else "mma"
+
+
+def rows_per_cta(variant: str, n: int) -> int:
+    """Output rows per CTA: the variant's bigger height halves the re-reads of x (and of its SiLU), the smaller
+    doubles the CTAs of small layers. Unmeasured: the bigger wherever that still makes two CTAs per SM."""
+    small, big = VARIANTS[variant].rows
+    return big if n >= big * 2 * SMS else small
 
 
 def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, config: Fp8Config,
-             bias: torch.Tensor | None = None, silu_mul: bool = False, rows: int | None = None,
-             pdl: bool = False) -> torch.Tensor:
+             bias: torch.Tensor | None = None, silu_mul: bool = False, variant: str | None = None,
+             rows: int | None = None, pdl: bool = False) -> torch.Tensor:
     """`fp8_linear_torch(silu_and_mul(x) if silu_mul else x, w, scale, config, bias)` in csrc's GEMV, on the
-    current stream; `rows` overrides rows_per_cta, `pdl` launches it as a programmatic dependent. Raises
+    current stream (widen, which keeps x in float32, is the more accurate); `variant` (default_variant) and
+    `rows` (rows_per_cta) override the defaults, `pdl` launches it as a programmatic dependent. Raises
     ValueError where `fp8_gemv_rejects` or `unavailable` gives a reason, RuntimeError on a launch error."""
-    reason = fp8_gemv_rejects(x, w, scale, config, bias, silu_mul) or unavailable(x.device)
+    variant = variant or default_variant(x.shape[0])
+    reason = fp8_gemv_rejects(x, w, scale, config, bias, silu_mul, variant) or unavailable(x.device)
     if reason:
         raise ValueError(f"native fp8_gemv: {reason}")
-    return _launch(x, w, scale, config, bias, silu_mul, rows or rows_per_cta(w.shape[0]), pdl)
+    rows = rows or rows_per_cta(variant, w.shape[0])
+    if rows not in VARIANTS[variant].rows:
+        raise ValueError(f"native fp8_gemv: {variant} runs CTAs of {VARIANTS[variant].rows} rows, not {rows}")
+    return _launch(x, w, scale, config, bias, silu_mul, variant, rows, pdl)
+
+
+def chosen(m: int, n: int, k: int) -> tuple[str, int] | None:
+    """(variant, rows per CTA) that the FP8 layers' decode dispatch runs for x [m, k] @ w [n, k]^T, or None
+    (the Triton GEMV): MINISGL_NATIVE_GEMV when set (see the module docstring), else NATIVE_FP8_GEMV."""
+    forced = os.environ.get("MINISGL_NATIVE_GEMV")
+    if forced is None:
+        return NATIVE_FP8_GEMV.get((m, n, k))
+    variant = default_variant(m) if forced == "1" else forced if forced in VARIANTS else None
+    if variant is None or m > VARIANTS[variant].max_m:
+        return None
+    return variant, rows_per_cta(variant, n)
 
 
 def try_fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, config: Fp8Config,
                  bias: torch.Tensor | None = None, silu_mul: bool = False) -> torch.Tensor | None:
-    """The FP8 layers' decode dispatch: `fp8_gemv` where it is chosen (MINISGL_NATIVE_GEMV, else a row in
-    NATIVE_FP8_GEMV) and serves, with programmatic dependent launch as the Triton GEMV has it; else None."""
-    forced = os.environ.get("MINISGL_NATIVE_GEMV")
-    rows = NATIVE_FP8_GEMV.get(tuple(w.shape)) if forced is None else rows_per_cta(w.shape[0]) if forced == "1" \
-        else None
-    if rows is None or fp8_gemv_rejects(x, w, scale, config, bias, silu_mul) or unavailable(x.device):
+    """The FP8 layers' decode dispatch: `fp8_gemv` in the variant `chosen` for this shape where it serves, with
+    programmatic dependent launch as the Triton GEMV has it; else None."""
+    choice = chosen(x.shape[0], *w.shape)
+    if choice is None or fp8_gemv_rejects(x, w, scale, config, bias, silu_mul, choice[0]) or unavailable(x.device):
         return None
-    return _launch(x, w, scale, config, bias, silu_mul, rows, use_pdl(x.device))
+    return _launch(x, w, scale, config, bias, silu_mul, *choice, use_pdl(x.device))
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, config: Fp8Config, bias: torch.Tensor | None,
-            silu_mul: bool, rows: int, pdl: bool) -> torch.Tensor:
+            silu_mul: bool, variant: str, rows: int, pdl: bool) -> torch.Tensor:
     m, (n, k) = x.shape[0], w.shape
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block = config.block is not None
     err = _load()[0].minisgl_fp8_gemv(
         x.data_ptr(), x.stride(0), w.data_ptr(), w.stride(0), scale.data_ptr(), scale.stride(0),
         scale.stride(1) if block else 0, int(block), bias.data_ptr() if bias is not None else None, out.data_ptr(),
-        m, n, k, int(silu_mul), rows, int(pdl), x.device.index if x.device.index is not None else
-        torch.cuda.current_device(), torch.cuda.current_stream(x.device).cuda_stream)
+        m, n, k, int(silu_mul), VARIANTS[variant].code, rows, int(pdl),
+        x.device.index if x.device.index is not None else torch.cuda.current_device(),
+        torch.cuda.current_stream(x.device).cuda_stream)
     if err:
-        raise RuntimeError(f"native fp8_gemv: launch failed with cudaError {err}")
+        raise RuntimeError(f"native fp8_gemv ({variant}): launch failed with cudaError {err}")
     return out
-

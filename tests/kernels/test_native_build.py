@@ -66,11 +66,32 @@ def test_fp8_layers_fall_back_on_the_cpu_with_the_native_gemv_forced(monkeypatch
     monkeypatch.setenv("MINISGL_NATIVE_GEMV", "1")
     x = torch.randn(2, 256, dtype=torch.bfloat16)
     w, scale = quantize_weight(torch.randn(384, 256) / 16, BLOCK128)
-    assert native.fp8_gemv_rejects(x, w, scale, BLOCK128) is None  # a shape it would serve on a GPU
+    assert native.chosen(2, 384, 256) == ("widen", 8)  # what it would run on a GPU: 2 rows, widened weights
+    assert native.fp8_gemv_rejects(x, w, scale, BLOCK128, variant="widen") is None
     assert native.try_fp8_gemv(x, w, scale, BLOCK128) is None
     torch.testing.assert_close(fp8_linear(x, w, scale, BLOCK128), fp8_linear_torch(x, w, scale, BLOCK128))
-    with pytest.raises(ValueError, match="need a CUDA device"):
-        native.fp8_gemv(x, w, scale, BLOCK128)
+    for variant in native.VARIANTS:
+        with pytest.raises(ValueError, match="need a CUDA device"):
+            native.fp8_gemv(x, w, scale, BLOCK128, variant=variant)
+
+
+def test_dispatch_follows_the_table_and_the_environment(monkeypatch):
+    """NATIVE_FP8_GEMV picks per (M, N, K) (empty: the Triton GEMV everywhere); MINISGL_NATIVE_GEMV=1 takes
+    widen up to its 2 rows and mma up to 8, =mma / =widen only that variant where it serves, =0 nothing."""
+    monkeypatch.delenv("MINISGL_NATIVE_GEMV", raising=False)
+    assert native.chosen(1, 4096, 4096) is None
+    monkeypatch.setitem(native.NATIVE_FP8_GEMV, (1, 4096, 4096), ("mma", 16))
+    assert native.chosen(1, 4096, 4096) == ("mma", 16) and native.chosen(2, 4096, 4096) is None
+    monkeypatch.setenv("MINISGL_NATIVE_GEMV", "1")
+    assert [native.chosen(m, 4096, 4096) for m in (1, 2, 3, 8, 9)] == \
+        [("widen", 8), ("widen", 8), ("mma", 16), ("mma", 16), None]
+    assert native.chosen(1, 24576, 4096) == ("widen", 16) and native.chosen(8, 24576, 4096) == ("mma", 32)
+    monkeypatch.setenv("MINISGL_NATIVE_GEMV", "widen")
+    assert native.chosen(2, 4096, 4096) == ("widen", 8) and native.chosen(3, 4096, 4096) is None
+    monkeypatch.setenv("MINISGL_NATIVE_GEMV", "mma")
+    assert native.chosen(1, 4096, 4096) == ("mma", 16)
+    monkeypatch.setenv("MINISGL_NATIVE_GEMV", "0")
+    assert native.chosen(1, 4096, 4096) is None
 
 
 def test_operands_it_does_not_serve_are_named():
@@ -83,6 +104,8 @@ def test_operands_it_does_not_serve_are_named():
     assert native.fp8_gemv_rejects(torch.randn(2, 512, dtype=torch.bfloat16), w, scale, BLOCK128,
                                    silu_mul=True) is None
     assert "1..8" in native.fp8_gemv_rejects(torch.randn(9, 256, dtype=torch.bfloat16), w, scale, BLOCK128)
+    assert "(widen) takes 1..2" in native.fp8_gemv_rejects(torch.randn(3, 256, dtype=torch.bfloat16), w, scale,
+                                                           BLOCK128, variant="widen")
     assert "bfloat16" in native.fp8_gemv_rejects(x.float(), w, scale, BLOCK128)
     assert "float8_e4m3fn" in native.fp8_gemv_rejects(x, w.to(torch.bfloat16), scale, BLOCK128)
     w_ragged, s_ragged = quantize_weight(torch.randn(384, 320) / 16, BLOCK128)
