@@ -1,8 +1,15 @@
-"""csrc's CUDA FP8 decode GEMV (minisgl.kernels.native) against the torch reference, `fp8_linear_torch` (x
-quantized per row and 128-column group as the kernel does, both operands dequantized, one float32 matmul):
-qwen3-8b's projections and ragged shapes, both scale layouts, 1-8 rows, both CTA heights, eager and
-replayed from a CUDA graph with programmatic dependent launch, and inside the engine. The library is built here
-with nvcc; Hopper only (it is built for sm_90a; the CPU side is tests/kernels/test_native_build.py)."""
+"""csrc's CUDA FP8 decode GEMVs (minisgl.kernels.native) against their torch references: qwen3-8b's projections
+and ragged shapes, both scale layouts, both CTA heights of each variant, eager and replayed from a CUDA graph
+with programmatic dependent launch, and inside the engine. The library is built here with nvcc; Hopper only
+(it is built for sm_90a; the CPU side is tests/kernels/test_native_build.py).
+
+- mma (1-8 rows) quantizes x as the Triton GEMV does: its reference is `fp8_linear_torch` (x quantized per row
+  and 128-column group, both operands dequantized, one float32 matmul), within TOL.
+- widen (1-2 rows) keeps x unquantized: its reference is the same matmul without x's quantization (`exact`),
+  within TOL (the bf16 rounding of the output, ~0.2% in norm, is what is left). Against `fp8_linear_torch`
+  it differs by that reference's own error, the e4m3 rounding of x: 2.2-2.6% of the output's norm at these
+  shapes (measured on the CPU with these operands), so it is held to 4% in norm there, and must be the closer
+  of the two to `exact`."""
 
 from __future__ import annotations
 
@@ -16,7 +23,7 @@ from minisgl.kernels import native
 from minisgl.kernels.gemv import gemv
 from minisgl.kernels.norm import add_rms_norm
 from minisgl.layers.activation import silu_and_mul_torch
-from minisgl.layers.fp8 import fp8_linear_torch, quantize_weight
+from minisgl.layers.fp8 import dequantize_weight, fp8_linear_torch, quantize_weight
 from minisgl.layers.linear import fp8_linear
 from minisgl.layers.norm import RMSNorm
 from minisgl.quantization import Fp8Config
@@ -24,8 +31,12 @@ from minisgl.tools.tiny_model import make_tiny_model
 
 LAYOUTS = {"block128": BLOCK128, "per_channel": Fp8Config()}
 # (N, K, silu_mul, bias): qwen3-8b's qkv, o, gate_up and down (SiLU-and-mul inside) at TP 1; N not a multiple
-# of a CTA's rows with a partial last scale block and 17 groups over 8 warps; 3 groups (warps with none)
-SHAPES = [(n, k, k == 12288, False) for n, k in GPU_SHAPES] + [(1000, 2176, False, True), (200, 384, True, True)]
+# of any CTA height with a partial last scale block and 17 groups over 8 warps (widen: 4.25 chunks of 512);
+# 3 groups (warps with none; widen: one partial chunk)
+SHAPES = [(n, k, k == 12288, False) for n, k in GPU_SHAPES] + [(1001, 2176, False, True), (203, 384, True, True)]
+# (variant, rows per CTA, x rows)
+RUNS = [("mma", rows, m) for rows in (16, 32) for m in (1, 2, 4, 8)] + \
+    [("widen", rows, m) for rows in (8, 16) for m in (1, 2)]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -51,44 +62,75 @@ def operands(m: int, n: int, k: int, silu_mul: bool, bias: bool, config: Fp8Conf
     return x, w, scale, b
 
 
-def reference(x, w, scale, config, b, silu_mul):
-    return fp8_linear_torch(silu_and_mul_torch(x) if silu_mul else x, w, scale, config, b)
+def exact(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, config: Fp8Config,
+          b: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ dequant(w)^T (+ b) in float32, x not quantized: the widen variant's arithmetic."""
+    y = x.float() @ dequantize_weight(w, scale, config).T
+    return (y if b is None else y + b.float()).to(x.dtype)
 
 
-@pytest.mark.parametrize("rows", [16, 32])
+def reference(x, w, scale, config, b, silu_mul, variant):
+    x = silu_and_mul_torch(x) if silu_mul else x
+    return (exact if variant == "widen" else fp8_linear_torch)(x, w, scale, config, b)
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("m", [1, 2, 4, 8])
-def test_native_fp8_gemv_matches_the_reference(m, shape, layout, rows):
+@pytest.mark.parametrize("run", RUNS, ids=str)
+def test_native_fp8_gemv_matches_the_reference(run, shape, layout):
+    variant, rows, m = run
     n, k, silu_mul, bias = shape
     config = LAYOUTS[layout]
     x, w, scale, b = operands(m, n, k, silu_mul, bias, config, seed=m + n + k)
-    out = native.fp8_gemv(x, w, scale, config, b, silu_mul, rows=rows)
+    out = native.fp8_gemv(x, w, scale, config, b, silu_mul, variant, rows)
     assert out.shape == (m, n) and out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), reference(x, w, scale, config, b, silu_mul).float(), **TOL)
-    assert torch.equal(out, native.fp8_gemv(x, w, scale, config, b, silu_mul, rows=rows))  # fixed-order sums
+    torch.testing.assert_close(out.float(), reference(x, w, scale, config, b, silu_mul, variant).float(), **TOL)
+    assert torch.equal(out, native.fp8_gemv(x, w, scale, config, b, silu_mul, variant, rows))  # fixed-order sums
 
 
-def test_x_rows_with_a_stride():
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_widen_is_at_least_as_accurate_as_the_quantizing_reference(shape, layout):
+    """x unquantized: nearer the exact product than fp8_linear_torch, and within that reference's own e4m3
+    rounding of x (2.2-2.6% in norm here; held to 4%) of it."""
+    n, k, silu_mul, bias = shape
+    config = LAYOUTS[layout]
+    x, w, scale, b = operands(2, n, k, silu_mul, bias, config, seed=n + k)
+    out = native.fp8_gemv(x, w, scale, config, b, silu_mul, "widen")
+    quantized = reference(x, w, scale, config, b, silu_mul, "mma")
+    truth = (silu_and_mul_torch(x) if silu_mul else x).float() @ dequantize_weight(w, scale, config).T
+    truth = truth if b is None else truth + b.float()
+    assert relative(out, truth) < relative(quantized, truth)
+    assert relative(out, quantized) < 0.04
+
+
+@pytest.mark.parametrize("variant", list(native.VARIANTS))
+def test_x_rows_with_a_stride(variant):
     """x a slice of a wider tensor (the o projection reads qkv's first columns): its row stride, not K."""
-    x, w, scale, _ = operands(4, 4096, 4096, False, False, BLOCK128, seed=1)
+    x, w, scale, _ = operands(2, 4096, 4096, False, False, BLOCK128, seed=1)
     wide = torch.cat([x, torch.randn_like(x)], dim=1)
-    torch.testing.assert_close(native.fp8_gemv(wide[:, :4096], w, scale, BLOCK128).float(),
-                               reference(x, w, scale, BLOCK128, None, False).float(), **TOL)
+    torch.testing.assert_close(native.fp8_gemv(wide[:, :4096], w, scale, BLOCK128, variant=variant).float(),
+                               reference(x, w, scale, BLOCK128, None, False, variant).float(), **TOL)
 
 
 def test_fp8_layers_take_the_native_gemv_when_chosen(monkeypatch):
-    """MINISGL_NATIVE_GEMV=1 sends the FP8 layers' decode batches here (bit-equal to a direct call); =0 sends
-    them to the Triton GEMV."""
+    """MINISGL_NATIVE_GEMV=1 sends the FP8 layers' decode batches here (bit-equal to a direct call of the
+    default variant: widen at 2 rows), =mma to the tensor-core variant; =0 sends them to the Triton GEMV."""
     x, w, scale, _ = operands(2, 6144, 4096, False, False, BLOCK128, seed=2)
     monkeypatch.setenv("MINISGL_NATIVE_GEMV", "1")
-    assert torch.equal(fp8_linear(x, w, scale, BLOCK128), native.fp8_gemv(x, w, scale, BLOCK128))
+    assert torch.equal(fp8_linear(x, w, scale, BLOCK128), native.fp8_gemv(x, w, scale, BLOCK128, variant="widen"))
+    monkeypatch.setenv("MINISGL_NATIVE_GEMV", "mma")
+    assert torch.equal(fp8_linear(x, w, scale, BLOCK128), native.fp8_gemv(x, w, scale, BLOCK128, variant="mma"))
     monkeypatch.setenv("MINISGL_NATIVE_GEMV", "0")
     assert torch.equal(fp8_linear(x, w, scale, BLOCK128), gemv(x, w, scale=scale, fp8=BLOCK128))
 
 
-@pytest.mark.parametrize("m", [1, 8])
-def test_decode_mlp_replayed_from_a_cuda_graph_with_programmatic_dependent_launch(m):
+@pytest.mark.parametrize("variant, m", [("widen", 1), ("widen", 2), ("mma", 1), ("mma", 8)])
+def test_decode_mlp_replayed_from_a_cuda_graph_with_programmatic_dependent_launch(variant, m):
     """add+RMSNorm (Triton) -> gate_up -> down (SiLU-and-mul inside), qwen3-8b's MLP in FP8, both GEMVs
     native and launched as programmatic dependents, captured once and replayed on fresh inputs: a GEMV that
     read x before its wait would give the previous replay's (or a half-written) result."""
@@ -101,8 +143,8 @@ def test_decode_mlp_replayed_from_a_cuda_graph_with_programmatic_dependent_launc
 
     def mlp() -> torch.Tensor:
         h, _ = add_rms_norm(x, residual, norm.weight, norm.eps)
-        gate_up = native.fp8_gemv(h, w13, s13, BLOCK128, pdl=True)
-        return native.fp8_gemv(gate_up, w2, s2, BLOCK128, silu_mul=True, pdl=True)
+        gate_up = native.fp8_gemv(h, w13, s13, BLOCK128, variant=variant, pdl=True)
+        return native.fp8_gemv(gate_up, w2, s2, BLOCK128, silu_mul=True, variant=variant, pdl=True)
 
     x.normal_(generator=gen), residual.normal_(generator=gen)
     mlp()  # compiles the norm outside the capture
@@ -113,28 +155,47 @@ def test_decode_mlp_replayed_from_a_cuda_graph_with_programmatic_dependent_launc
         x.normal_(generator=gen), residual.normal_(generator=gen)
         graph.replay()
         h, _ = norm.forward_torch(x, residual)
-        expected = fp8_linear_torch(silu_and_mul_torch(fp8_linear_torch(h, w13, s13, BLOCK128)), w2, s2, BLOCK128)
-        torch.testing.assert_close(out.float(), expected.float(), **TOL)
+        gate_up = reference(h, w13, s13, BLOCK128, None, False, variant)
+        torch.testing.assert_close(out.float(), reference(gate_up, w2, s2, BLOCK128, None, True, variant).float(),
+                                   **TOL)
 
 
-def test_engine_decodes_as_with_the_triton_gemv(tmp_path, monkeypatch):
+def assert_close_decode(got, want, tol: float) -> None:
+    """Equal tokens up to the reference's first near-tie (margin under tol) and chosen-token logprobs within
+    tol of the reference's magnitude (at least 1)."""
+    for out, ref in zip(got, want):
+        for step, (g, w) in enumerate(zip(out.logprobs, ref.logprobs)):
+            if w.top[0][1] - w.top[1][1] < tol:
+                break
+            assert g.token_id == w.token_id, f"step {step}"
+            assert abs(g.logprob - w.logprob) < tol * max(1.0, abs(w.logprob)), f"step {step}"
+
+
+@pytest.mark.parametrize("variant", list(native.VARIANTS))
+def test_engine_decodes_as_with_the_triton_gemv(tmp_path, monkeypatch, variant):
     """A tiny qwen3 FP8 checkpoint (128 x 128 blocks) whose every projection the native GEMV serves, in
-    bfloat16 with decode CUDA graphs: greedy tokens and log-probabilities with MINISGL_NATIVE_GEMV=1 as with
-    =0 (the Triton GEMV, the same arithmetic)."""
+    bfloat16 with decode CUDA graphs, one prompt at a time (batch-1 decode: both variants serve it), with
+    MINISGL_NATIVE_GEMV=<variant> against =0 (the Triton GEMV). mma's arithmetic is the Triton GEMV's: the
+    same greedy tokens within bf16 noise. widen leaves x unquantized, which on these tiny random models moves
+    log-probabilities by the activation rounding's noise (tests/engine/test_fp8_weights.py measured up to 18%
+    of their magnitude): held to 25%."""
     path = str(make_tiny_model(tmp_path / "fp8", "qwen3", fp8_block=128, hidden_size=256, intermediate_size=384,
                                head_dim=64, num_attention_heads=4, num_key_value_heads=2))
     outs = {}
-    for flag in ("0", "1"):
+    for flag in ("0", variant):
         monkeypatch.setenv("MINISGL_NATIVE_GEMV", flag)
         engine = make_llm(path, dtype="bfloat16")
         projections = [(name, layer) for name, layer in engine.engine.model.named_modules()
                        if getattr(layer, "quant", None) is not None and hasattr(layer, "weight_scale_inv")]
         assert len(projections) == 8  # qkv, o, gate_up, down x 2 layers
-        for name, layer in projections:  # decode rows of each: all served natively under =1
+        for name, layer in projections:  # decode rows of each: all served natively
             silu_mul = name.endswith("down_proj")
             x = torch.zeros(1, layer.weight.shape[1] * (2 if silu_mul else 1), dtype=torch.bfloat16, device="cuda")
-            assert native.fp8_gemv_rejects(x, layer.weight, layer.weight_scale_inv, layer.quant, silu_mul=silu_mul) \
-                is None, name
-        outs[flag] = engine.generate(PROMPTS, PARAMS)
+            assert native.fp8_gemv_rejects(x, layer.weight, layer.weight_scale_inv, layer.quant, silu_mul=silu_mul,
+                                           variant=variant) is None, name
+        outs[flag] = [engine.generate([prompt], PARAMS)[0] for prompt in PROMPTS]
         engine.shutdown()
-    assert_same_greedy(outs["1"], outs["0"])
+    if variant == "mma":
+        assert_same_greedy(outs[variant], outs["0"])
+    else:
+        assert_close_decode(outs[variant], outs["0"], 0.25)
