@@ -7,6 +7,7 @@
     python benchmarks/fp8.py --rows 1 8        # only these batch sizes
     python benchmarks/fp8.py --chain           # a decode step's projections and norms, all 36 layers
     MINISGL_NATIVE_GEMV=1 python benchmarks/fp8.py --chain   # ... with csrc's GEMV for the FP8 projections
+                                                             # (=widen / =mma: only that variant)
 
 The sweep's winners replace the tables in memory before the comparison runs, so its figures are the
 tuned ones. Timed as benchmarks/gemv.py times (CUDA-graph replay, the weight cycled through copies so
@@ -19,9 +20,10 @@ own weights, so that every read comes from HBM): add+RMSNorm, qkv, o (on qkv's f
 gate_up, SiLU-and-mul, down; bf16 and FP8, with SiLU-and-mul as its own launch or inside down's GEMV, and with
 programmatic dependent launch off and on.
 
-Where csrc's CUDA GEMV is built (`python -m minisgl.tools.build_csrc`) and the GPU is a Hopper, its time
-with 16- and 32-row CTAs is printed beside the Triton GEMV's at each batch size it serves (1-8 rows), and
-the rows of `native.NATIVE_FP8_GEMV` for the projections where it was the faster over those batch sizes.
+Where csrc's CUDA GEMVs are built (`python -m minisgl.tools.build_csrc`) and the GPU is a Hopper, each
+variant's time at each of its CTA heights (mma/16, mma/32 up to 8 rows; widen/8, widen/16 up to 2) is printed
+beside the Triton GEMV's at the batch sizes it serves, with the rows of `native.NATIVE_FP8_GEMV` for the
+(M, N, K) where the fastest of them beat the Triton GEMV.
 """
 
 from __future__ import annotations
@@ -204,14 +206,14 @@ def main() -> None:
         step = {m: [0.0, 0.0, 0.0] for m in args.rows}  # bf16, FP8, FP8 GEMM where the GEMV serves FP8
         cuda = torch.device("cuda", torch.cuda.current_device())
         why_not = native.unavailable(cuda)
-        print(f"native GEMV: {why_not or 'built, timed with 16- and 32-row CTAs'}")
-        native_step = {(m, rows): 0.0 for m in args.rows if m <= native.GEMV_MAX_M and not why_not
-                       for rows in (16, 32)}
+        candidates = [(variant, rows) for variant, v in native.VARIANTS.items() for rows in v.rows]
+        print(f"native GEMV: {why_not or 'built, timed as ' + ', '.join(f'{v}/{r}' for v, r in candidates)}")
+        # (m, (variant, rows)) -> us per step, for the batch sizes each variant serves
+        native_step = {(m, c): 0.0 for m in args.rows for c in candidates
+                       if not why_not and m <= native.VARIANTS[c[0]].max_m}
         native_rows = []  # NATIVE_FP8_GEMV's rows to paste
-        served = sorted({m for m, _ in native_step})
         for layer, (n, k) in layers.items():
             w, wq, scale = weights[layer]
-            triton_us, native_us = 0.0, {16: 0.0, 32: 0.0}  # summed over the batch sizes both serve
             bf16, calls = rotated(w)
             fp8, fp8_calls = rotated(wq)
             for m in args.rows:
@@ -222,34 +224,33 @@ def main() -> None:
                     if 16 <= m <= BLOCK_M else 0.0
                 for i, t in enumerate((t_bf16, t_fp8, t_gemm)):
                     step[m][i] += dims.layers * t
-                t_native = {rows: time_per_call(lambda: native.fp8_gemv(x, next(fp8), scale, BLOCK, rows=rows,
-                                                                         pdl=minisgl.kernels.use_pdl(cuda)),
-                                                fp8_calls, args.replays)
-                            for (rows_m, rows) in native_step if rows_m == m}
-                for rows, t in t_native.items():
-                    native_step[m, rows] += dims.layers * t
-                    native_us[rows] += t
-                if t_native:  # against the Triton GEMV itself (the FP8 column is the layers' dispatch)
-                    triton_us += time_per_call(lambda: gemv(x, next(fp8), scale=scale, fp8=BLOCK), fp8_calls,
-                                               args.replays)
+                t_native = {(variant, rows): time_per_call(
+                    lambda: native.fp8_gemv(x, next(fp8), scale, BLOCK, variant=variant, rows=rows,
+                                            pdl=minisgl.kernels.use_pdl(cuda)), fp8_calls, args.replays)
+                    for (m_, (variant, rows)) in native_step if m_ == m}
+                for c, t in t_native.items():
+                    native_step[m, c] += dims.layers * t
                 kernel = "gemv" if m <= BLOCK_M else f"gemm {pick_config(m, n, k)}"
                 print(f"{layer:<8} {n:>6} {k:>6} M={m:<5} bf16 {t_bf16:>8.1f}  fp8 {t_fp8:>8.1f}  "
                       f"{t_bf16 / t_fp8:.2f}x  fp8 GB/s {wq.nbytes / t_fp8 / 1e3:>5.0f}"
                       + (f"  (gemm {t_gemm:.1f})" if t_gemm else "") + f"  [{kernel}]"
-                      + "".join(f"  native/{rows} {t:.1f} ({wq.nbytes / t / 1e3:.0f} GB/s)"
-                                for rows, t in t_native.items()), flush=True)
-            best = min(native_us, key=native_us.get)
-            if triton_us and native_us[best] < triton_us:
-                native_rows.append(f"    # {device} qwen3-8b TP1 {layer}: {native_us[best]:.1f} us against the Triton "
-                                   f"GEMV's {triton_us:.1f} (summed over M in {served})\n"
-                                   f"    ({n}, {k}): {best},")
+                      + "".join(f"  {v}/{r} {t:.1f} ({wq.nbytes / t / 1e3:.0f} GB/s)"
+                                for (v, r), t in t_native.items()), flush=True)
+                if t_native:  # against the Triton GEMV itself (the FP8 column is the layers' dispatch)
+                    t_triton = time_per_call(lambda: gemv(x, next(fp8), scale=scale, fp8=BLOCK), fp8_calls,
+                                             args.replays)
+                    (variant, rows), t = min(t_native.items(), key=lambda item: item[1])
+                    if t < t_triton:
+                        native_rows.append(f"    # {device} qwen3-8b TP1 {layer} M={m}: {t:.1f} us against the "
+                                           f"Triton GEMV's {t_triton:.1f}\n    ({m}, {n}, {k}): "
+                                           f"({variant!r}, {rows}),")
     print(f"\n{device}: step = 4 projections x {dims.layers} layers, us")
-    print("| M | bf16 | FP8 | bf16 / FP8 | FP8 GEMM instead of the GEMV | native GEMV, 16 / 32-row CTAs |\n"
-          "|---|---|---|---|---|---|")
+    print("| M | bf16 | FP8 | bf16 / FP8 | FP8 GEMM instead of the GEMV | native GEMV "
+          + ", ".join(f"{v}/{r}" for v, r in candidates) + " |\n|---|---|---|---|---|---|")
     for m, (t_bf16, t_fp8, t_gemm) in step.items():
-        ours = " / ".join(f"{native_step[m, rows]:,.0f}" for rows in (16, 32) if (m, rows) in native_step)
+        ours = " / ".join(f"{native_step[m, c]:,.0f}" if (m, c) in native_step else "-" for c in candidates)
         print(f"| {m} | {t_bf16:,.0f} | {t_fp8:,.0f} | {t_bf16 / t_fp8:.2f}x | {f'{t_gemm:,.0f}' if t_gemm else ''} "
-              f"| {ours} |")
+              f"| {ours if native_step else ''} |")
     if native_step:
         print("\nNATIVE_FP8_GEMV rows (minisgl/kernels/native.py):\n" + "\n".join(native_rows or ["    (none faster)"]))
 

@@ -4,7 +4,8 @@
 #     rest runs with MINISGL_PDL=0;
 #  2. the offline workloads, SPECS: engine:model:workloads:need (workloads comma-separated, run on one engine;
 #     need: the seconds it is expected to take, skipped when fewer are left). Engine `minisgl-native` is
-#     minisgl with MINISGL_NATIVE_GEMV=1 (csrc's FP8 GEMV, which this script builds first).
+#     minisgl with MINISGL_NATIVE_GEMV=1 (csrc's FP8 GEMVs, which this script builds first: widen for 1-2 rows,
+#     mma for 3-8), `minisgl-native-widen` / `minisgl-native-mma` only that variant (MINISGL_NATIVE_GEMV=widen|mma).
 #     Engine `vllm` runs
 #     benchmarks/vllm_offline.py with vLLM 0.26.0 installed from the chunks that earlier calls carried
 #     ($HOME/peer/chunks, see ../shared/bench/PEER.md) and PEER (the .peer/c6 folder: the wheel's checksum and
@@ -42,7 +43,7 @@ if [ "${SWEEP:-0}" = 1 ]; then
   cp minisgl/kernels/gemv.py minisgl/kernels/fp8.py "$out/"
 fi
 
-case " ${SPECS:-} " in *" minisgl-native:"*)
+case " ${SPECS:-} " in *" minisgl-native"*)
   log "csrc build: $(python3 -m minisgl.tools.build_csrc 2>&1 | tail -1)" ;;
 esac
 vllm_ready=0 PEER=${PEER:-.peer/c6}
@@ -60,8 +61,12 @@ for spec in ${SPECS:-minisgl:qwen3-8b-fp8:w2,w1:80 minisgl:qwen3-8b:w2:45 minisg
     env PYTHONPATH="$HOME/peer/site:$PWD/benchmarks" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0 \
       VLLM_USE_DEEP_GEMM=0 timeout $((budget - SECONDS)) python3 benchmarks/vllm_offline.py \
       --config ".bench_models/$model.json" --workload "$workloads" >> "$out/vllm.log" 2>&1
-  else  # engine minisgl-native: csrc's FP8 GEMV for every projection it serves (MINISGL_NATIVE_GEMV=1)
-    native=(); [ "$engine" = minisgl-native ] && native=(MINISGL_NATIVE_GEMV=1)
+  else  # engine minisgl-native[-variant]: csrc's FP8 GEMVs for every projection they serve
+    native=()
+    case "$engine" in
+      minisgl-native) native=(MINISGL_NATIVE_GEMV=1) ;;
+      minisgl-native-*) native=(MINISGL_NATIVE_GEMV="${engine#minisgl-native-}") ;;
+    esac
     env "${native[@]}" timeout $((budget - SECONDS)) python3 benchmarks/offline.py --config ".bench_models/$model.json" \
       --workload "$workloads" >> "$out/bench.log" 2>&1
   fi

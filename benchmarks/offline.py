@@ -136,7 +136,7 @@ def main() -> None:
         print(json.dumps({"model": Path(args.config).stem, "tp": args.tp, "attn": args.attn,
                           "graphs": args.cuda_graph_max_bs, "overlap": not args.no_overlap, "kv": args.kv_cache_dtype,
                           "kv_tokens": kv_tokens, "ready_s": round(ready, 1),
-                          "native_gemv": os.environ.get("MINISGL_NATIVE_GEMV") == "1", **result}), flush=True)
+                          "native_gemv": os.environ.get("MINISGL_NATIVE_GEMV", "0"), **result}), flush=True)
     llm.shutdown()
 
 
