@@ -22,8 +22,8 @@ programmatic dependent launch off and on.
 
 Where csrc's CUDA GEMVs are built (`python -m minisgl.tools.build_csrc`) and the GPU is a Hopper, each
 variant's time at each of its CTA heights (mma/16, mma/32 up to 8 rows; widen/8, widen/16 up to 2) is printed
-beside the Triton GEMV's at the batch sizes it serves, with the rows of `native.NATIVE_FP8_GEMV` for the
-(M, N, K) where the fastest of them beat the Triton GEMV.
+beside the Triton GEMV's at the batch sizes it serves (down with SiLU-and-mul inside, as the model runs it),
+with the rows of `native.NATIVE_FP8_GEMV` for the (M, N, K) where the fastest of them beat the Triton GEMV.
 """
 
 from __future__ import annotations
@@ -224,8 +224,11 @@ def main() -> None:
                     if 16 <= m <= BLOCK_M else 0.0
                 for i, t in enumerate((t_bf16, t_fp8, t_gemm)):
                     step[m][i] += dims.layers * t
+                # the native and Triton GEMVs as the model runs them: down with SiLU-and-mul inside
+                silu = layer == "down"
+                xg = torch.randn(m, 2 * k, device="cuda", generator=gen).bfloat16() if silu else x
                 t_native = {(variant, rows): time_per_call(
-                    lambda: native.fp8_gemv(x, next(fp8), scale, BLOCK, variant=variant, rows=rows,
+                    lambda: native.fp8_gemv(xg, next(fp8), scale, BLOCK, silu_mul=silu, variant=variant, rows=rows,
                                             pdl=minisgl.kernels.use_pdl(cuda)), fp8_calls, args.replays)
                     for (m_, (variant, rows)) in native_step if m_ == m}
                 for c, t in t_native.items():
@@ -237,8 +240,8 @@ def main() -> None:
                       + "".join(f"  {v}/{r} {t:.1f} ({wq.nbytes / t / 1e3:.0f} GB/s)"
                                 for (v, r), t in t_native.items()), flush=True)
                 if t_native:  # against the Triton GEMV itself (the FP8 column is the layers' dispatch)
-                    t_triton = time_per_call(lambda: gemv(x, next(fp8), scale=scale, fp8=BLOCK), fp8_calls,
-                                             args.replays)
+                    t_triton = time_per_call(lambda: gemv(xg, next(fp8), scale=scale, fp8=BLOCK, silu_mul=silu),
+                                             fp8_calls, args.replays)
                     (variant, rows), t = min(t_native.items(), key=lambda item: item[1])
                     if t < t_triton:
                         native_rows.append(f"    # {device} qwen3-8b TP1 {layer} M={m}: {t:.1f} us against the "

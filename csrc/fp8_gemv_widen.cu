@@ -10,19 +10,23 @@
 //
 // Why it should stream at HBM bandwidth. An H100 SM receives ~14.5 bytes of HBM a clock (3.35 TB/s over 132
 // SMs at 1.755 GHz) and issues 4 warp instructions a clock (128 lane instructions): 8.8 lane instructions per
-// weight byte. Per weight byte this kernel issues (ptxas's SASS, sm_90a):
-//   1/16 LDG.128 + 1/2 F2FP.F16.E4M3.UNPACK_B (two bytes each) + 1 HADD2.F32 (f16 -> f32)
-//   + M FFMA (+ M / 16 FFMA for the block scale, M / ROWS for widening x, ~10 M / ROWS for SiLU)
-// = ~2.6 at M = 1 and ~3.7 at M = 2 (~5 with SiLU at M = 2, 8-row CTAs), 30-55% of the issue slots; the
-// unpacks, if conversions issue at a quarter rate (16 lanes a clock), take 7.3 of those 16 slots. At M = 8 the
-// same loop asks ~10 per byte, hence the tensor-core variant (fp8_gemv_mma.cu) there.
+// weight byte. Per weight byte a lane issues 1/16 LDG.128, 1/2 F2FP.F16.E4M3.UNPACK_B (two bytes each),
+// 1 HADD2.F32 (f16 -> f32) and M FFMA, plus addresses, the block scale, x's loads and SiLU per chunk. ptxas's
+// main loop (nvcc 13.0, sm_90a; cuobjdump -sass) counts, per weight byte:
+//   M = 1: 3.8 (16-row CTAs) / 4.1 (8-row); with SiLU 4.8 / 6.0
+//   M = 2: 4.9-5.0 / 5.2-5.4;               with SiLU 6.9 / 9.2
+// i.e. 45-80% of the issue slots, except M = 2 with SiLU in 8-row CTAs (SiLU is formed once per CTA, so its
+// cost per byte halves with 16 rows). The unpacks, if conversions issue at a quarter rate (16 lanes a clock),
+// take 7.3 of those 16 slots. At M = 8 the same loop would ask ~12 per byte: the tensor-core variant
+// (fp8_gemv_mma.cu) serves there.
 //
 // Work split: a CTA owns ROWS (8 or 16) output rows and all of K; its 8 warps split K into 512-column chunks
 // (a warp's 32 lanes x 16 bytes; 4 scale groups) and meet in shared memory at the end (a fixed-order sum:
 // results do not depend on timing). Each lane holds its 16 columns of x (per row, in float32 registers) for a
 // chunk and streams 8 rows of weights at a time in 16-byte loads that bypass L1, the next 8 rows (or the next
-// chunk's first 8) in flight while the current ones are multiplied: 4 KB a warp, ~16 warps an SM, above the
-// ~20 KB an SM must keep in flight to cover HBM's latency at full bandwidth. A warp's sums (ROWS x M per lane)
+// chunk's first 8) in flight while the current ones are multiplied: 4 KB a warp, 16 warps an SM at M = 1 (two
+// CTAs: <= 128 registers) and 8 at M = 2 (one CTA: 164-255 registers), 32-64 KB, above the ~20 KB an SM must
+// keep in flight to cover HBM's ~700 ns at full bandwidth. A warp's sums (ROWS x M per lane)
 // are reduced across its lanes by a butterfly (each step halves the values a lane keeps: V - 1 shuffles for V
 // sums, not 5 V).
 //
