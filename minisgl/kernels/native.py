@@ -52,7 +52,6 @@ class Variant:
 
 
 VARIANTS = {"mma": Variant(0, 8, (16, 32)), "widen": Variant(1, 2, (8, 16))}
-GEMV_MAX_M = max(v.max_m for v in VARIANTS.values())
 
 # (M, N, K) -> (variant, rows per CTA), for the FP8 projections and batch sizes where `python benchmarks/fp8.py
 # --rows 1 2 8` measured a native variant faster than the Triton GEMV. Empty until a GPU has measured it (the
