@@ -14,7 +14,8 @@ cut. `--profile FILE` records the API process with py-spy (if installed) while t
 `--prompt-len` ids long, one output token) arrive at once. Per burst it prints the API event loop's CPU time per
 admitted request (the burst window's CPU less the background's own rate) and how long the running streams'
 chunks waited: the largest gap between two chunks of a background stream around the burst, against the
-largest in a quiet window of the same length before it.
+largest in a quiet window of the same length before it. The bursts are sent from a process of their own: the
+loop that timestamps the background's chunks does not also encode and send 64 prompts.
 """
 
 from __future__ import annotations
@@ -116,15 +117,26 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def background_stream(session: aiohttp.ClientSession, url: str, until: float, arrivals: list[float]) -> None:
-    """One long stream, its chunks' arrival times appended to `arrivals` (perf_counter), closed at `until`."""
+async def background_stream(session: aiohttp.ClientSession, url: str, arrivals: list[float]) -> None:
+    """One long stream, its chunks' arrival times appended to `arrivals` (perf_counter), until cancelled."""
     body = {"model": "m", "prompt": [11, 12, 13], "max_tokens": 1 << 16, "ignore_eos": True, "stream": True}
     async with session.post(f"{url}/v1/completions", json=body) as resp:
         async for line in resp.content:
             if line.startswith(b"data: "):
                 arrivals.append(time.perf_counter())
-            if time.perf_counter() > until:
-                return
+
+
+def burst_sender(url: str, conn) -> None:
+    """A process that sends each burst it is given (a list of prompts) at once, on one session kept across
+    bursts (as a closed-loop client's connections are), and answers with the requests' timings."""
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                         timeout=aiohttp.ClientTimeout(total=600)) as session:
+            while (prompts := await loop.run_in_executor(None, conn.recv)) is not None:
+                conn.send(await asyncio.gather(*(one_request(session, url, "m", p, 1) for p in prompts)))
+
+    asyncio.run(serve())
 
 
 async def bursts(url: str, a: argparse.Namespace, api_pid: int) -> list[dict]:
@@ -132,17 +144,21 @@ async def bursts(url: str, a: argparse.Namespace, api_pid: int) -> list[dict]:
     rng = random.Random(0)
     connector = aiohttp.TCPConnector(limit=0)
     rows = []
+    conn, child_conn = multiprocessing.Pipe()
+    sender = multiprocessing.get_context("spawn").Process(target=burst_sender, args=(url, child_conn), daemon=True)
+    sender.start()
+    loop = asyncio.get_running_loop()
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
-        until = time.perf_counter() + 2.0 + a.bursts * a.every
         streams = [[] for _ in range(a.background)]
-        tasks = [asyncio.create_task(background_stream(session, url, until, s)) for s in streams]
+        tasks = [asyncio.create_task(background_stream(session, url, s)) for s in streams]
         await asyncio.sleep(2.0)  # every background stream is running
         for _ in range(a.bursts):
             quiet_from, cpu_quiet = time.perf_counter(), loop_cpu_seconds(api_pid)
             await asyncio.sleep(a.every / 2)
             start, cpu_start = time.perf_counter(), loop_cpu_seconds(api_pid)
             prompts = [[rng.randint(10, 10000) for _ in range(rng.randint(*a.prompt_len))] for _ in range(a.burst)]
-            timings = await asyncio.gather(*(one_request(session, url, "m", p, 1) for p in prompts))
+            conn.send(prompts)
+            timings = await loop.run_in_executor(None, conn.recv)
             end, cpu_end = time.perf_counter(), loop_cpu_seconds(api_pid)
             errors = [t.error for t in timings if t.error]
             background_rate = (cpu_start - cpu_quiet) / (start - quiet_from)
@@ -163,7 +179,11 @@ async def bursts(url: str, a: argparse.Namespace, api_pid: int) -> list[dict]:
                          "quiet_gap_ms": round(largest_gap(quiet_from, start), 1)})
             print(json.dumps(rows[-1]), flush=True)
             await asyncio.sleep(a.every / 2 - 0.2)
-        await asyncio.gather(*tasks)
+        for task in tasks:  # they run as long as the bursts take, however slow the machine is
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    conn.send(None)
+    sender.join(30)
     return rows
 
 

@@ -33,7 +33,7 @@ subset="tests/gpu tests/kernels tests/engine/test_overlap.py tests/engine/test_e
         tests/engine/test_sampling_e2e.py tests/engine/test_scheduler.py tests/engine/test_structured.py
         tests/engine/test_prompt_logprobs.py tests/engine/test_sampler.py tests/engine/test_prefix_cache.py
         tests/engine/test_fp8_kv.py tests/engine/test_mask_staging.py tests/engine/test_mixed_schedule.py
-        tests/engine/test_fp8_weights.py"
+        tests/engine/test_fp8_weights.py tests/engine/test_step_trace.py"
 case ${TESTS:-subset} in
   subset) tests=$(for f in $subset; do [ -e "$f" ] && echo "$f"; done) ;;
   all) tests=tests ;;

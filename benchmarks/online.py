@@ -147,14 +147,24 @@ async def level(url: str, model: str, streams: int, a: argparse.Namespace) -> di
     for key in STAGES:
         if key in before and key in after and after[key][1] > before[key][1]:
             row[f"{key}_mean_ms"] = round(1000 * (after[key][0] - before[key][0]) / (after[key][1] - before[key][1]), 2)
-    if a.requests_out:  # each request's timestamps, for benchmarks/ttft_trace.py
+    if a.requests_out:  # each request's timestamps, for benchmarks/ttft_trace.py and itl_trace.py
         with open(a.requests_out, "a") as f:
             for t in ok:
-                f.write(json.dumps({"streams": streams, "prompt_len": t.prompt_len, "start": t.start,
-                                    "first": t.chunks[0][0], "tokens": t.tokens}) + "\n")
+                f.write(json.dumps(request_line(streams, t), separators=(",", ":")) + "\n")
     if len(timings) > len(ok):
         row["first_error"] = next(t.error for t in timings if t not in ok)
     return row
+
+
+def request_line(streams: int, t: Timing) -> dict:
+    """One request's timestamps (perf_counter, the server's monotonic clock): sent, first chunk, and every chunk's
+    arrival as microseconds after the first (`after_us`) with the tokens it carried (`n`, only when some chunk
+    carried more than one)."""
+    line = {"streams": streams, "prompt_len": t.prompt_len, "start": t.start, "first": t.chunks[0][0],
+            "tokens": t.tokens, "after_us": [round(1e6 * (at - t.chunks[0][0])) for at, _ in t.chunks]}
+    if t.tokens > len(t.chunks):
+        line["n"] = [n for _, n in t.chunks]
+    return line
 
 
 async def warm_up(a: argparse.Namespace) -> None:

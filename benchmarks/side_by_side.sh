@@ -10,8 +10,8 @@
 # $HOME/peer/site: its wheel and its server's packages, installed with `pip install --target`), minisgl with its
 # server packages in $HOME/site (the .whl folder, as benchmarks/gpu_check.sh installs it). LEVELS and ROUNDS
 # are online.py's --levels and --rounds (default 1,16,64,256 and 2); SPEC_TIMEOUT bounds each spec (300 s).
-# TRACE=1 adds, for each minisgl spec, the TTFT stage table of benchmarks/ttft_trace.py (scheduler trace and
-# client timestamps, both kept in the logs).
+# TRACE=1 adds, for each minisgl spec, the TTFT stage table of benchmarks/ttft_trace.py and the long inter-token
+# gaps' table of benchmarks/itl_trace.py (the server's trace and the client's timestamps, kept in the logs).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 out=${OUT:-/tmp/side-by-side}; logs=/tmp/side-by-side-logs; mkdir -p "$out" "$logs"  # logs of every run so far
@@ -25,6 +25,7 @@ for spec in "$@"; do
   tag=$(printf '%s' "$engine-$model$flags" | tr -c 'A-Za-z0-9.-' _)
   trace=()
   if [ -n "${TRACE:-}" ] && [ "$engine" = minisgl ]; then
+    rm -f "$logs/$tag".trace.jsonl* "$logs/$tag.requests.jsonl"  # rids and step numbers restart with each server
     env+=(MINISGL_STEP_TRACE="$logs/$tag.trace.jsonl"); trace=(--requests-out "$logs/$tag.requests.jsonl")
   fi
   start=$SECONDS
@@ -35,7 +36,10 @@ for spec in "$@"; do
   code=$?
   { echo; echo "$spec (exit $code, $((SECONDS - start)) s): $(grep -a '^ready in' "$logs/$tag.txt")"
     grep -a '^|' "$logs/$tag.txt"
-    [ ${#trace[@]} -gt 0 ] && python3 benchmarks/ttft_trace.py "$logs/$tag.requests.jsonl" "$logs/$tag.trace.jsonl"
+    if [ ${#trace[@]} -gt 0 ]; then
+      python3 benchmarks/ttft_trace.py "$logs/$tag.requests.jsonl" "$logs/$tag.trace.jsonl"
+      python3 benchmarks/itl_trace.py "$logs/$tag.requests.jsonl" "$logs/$tag.trace.jsonl"
+    fi
   } 2>&1 | tee -a "$out/tables.md"
 done
 tar -czf "$out/logs.tar.gz" -C "$logs" .

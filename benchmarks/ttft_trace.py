@@ -7,7 +7,7 @@ Each request is matched to the first trace arrival with its prompt length at or 
 median and p90 in ms per concurrency level: `to_scheduler` (sent -> the scheduler tick that took it in),
 `queued` (-> the tick that launched its first chunk), `prefill` (-> the end of the tick that read its first
 token: chunks, and one more step with overlap), `to_client` (-> its first chunk at the client: detokenizer,
-API process, HTTP).
+API process, HTTP). benchmarks/itl_trace.py does the same for the gaps between later tokens, with the helpers here.
 """
 
 from __future__ import annotations
@@ -15,31 +15,55 @@ from __future__ import annotations
 import json
 import sys
 from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from online import percentile  # noqa: E402
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+def json_lines(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def read_ticks(path: str) -> list[dict]:
+    """The scheduler's tick lines, each with `sent` (None offline: the line after a tick's on a server)."""
+    ticks: list[dict] = []
+    for line in json_lines(path):
+        if "t" in line:
+            ticks.append({**line, "sent": None})
+        elif ticks:
+            ticks[-1]["sent"] = line["sent"]
+    return ticks
+
+
+def match_requests(requests: list[dict], ticks: list[dict]) -> list[tuple[dict, int, float]]:
+    """(request, its rid, the start of the tick that took it in) for each client request found in the trace: the
+    first arrival with its prompt length at or after it was sent, in the order they were sent."""
+    arrived = [(tick["t"], rid, n) for tick in ticks for rid, n in tick["added"] if rid >= 0]
+    taken: set[int] = set()
+    found = []
+    for req in sorted(requests, key=lambda r: r["start"]):
+        match = next(((t, rid) for t, rid, n in arrived
+                      if n == req["prompt_len"] and t >= req["start"] - 1e-3 and rid not in taken), None)
+        if match is not None:
+            taken.add(match[1])
+            found.append((req, match[1], match[0]))
+    return found
 
 
 def main(requests_path: str, trace_path: str) -> None:
-    ticks = [json.loads(line) for line in open(trace_path)]
-    arrived, launched, read = [], {}, {}
+    ticks = read_ticks(trace_path)
+    launched, read = {}, {}
     for tick in ticks:
-        arrived += [(tick["t"], rid, n) for rid, n in tick["added"] if rid >= 0]
         for rid, _ in tick["chunks"]:
             launched.setdefault(rid, tick["t"])
         for rid in tick["first"]:
             read.setdefault(rid, tick["t"] + tick["tick_s"])
-    taken: set[int] = set()
     stages: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for req in sorted((json.loads(line) for line in open(requests_path)), key=lambda r: r["start"]):
-        match = next(((t, rid) for t, rid, n in arrived
-                      if n == req["prompt_len"] and t >= req["start"] - 1e-3 and rid not in taken), None)
-        if match is None or match[1] not in read:
+    for req, rid, t in match_requests(json_lines(requests_path), ticks):
+        if rid not in read:
             continue
-        t, rid = match
-        taken.add(rid)
         start = launched.get(rid, t)
         level = stages[req["streams"]]
         for name, ms in (("to_scheduler", t - req["start"]), ("queued", start - t), ("prefill", read[rid] - start),

@@ -169,6 +169,12 @@ def check_request(ids: list[int], params: SamplingParams, vocab_size: int, max_s
     """Everything about one request that depends on the model, checked before it reaches a scheduler
     (which would fail on it mid-batch): the prompt, and every token id the sampling parameters name."""
     check_prompt(ids, vocab_size, max_seq_len, kv_capacity)
+    check_params(params, vocab_size)
+
+
+def check_params(params: SamplingParams, vocab_size: int) -> None:
+    """The sampling parameters' side of `check_request`: the token ids they name, the logprob counts. Apart, so
+    that a server checks a batch's shared parameters once and each prompt's ids once."""
     check_token_ids(params.stop_token_ids, vocab_size, "stop_token_ids")
     check_token_ids(list(params.logit_bias or {}), vocab_size, "logit_bias")
     if params.thinking_budget is not None:

@@ -3,17 +3,21 @@ fixture's server, which must stop cleanly (exit status 0) at the fixture's end."
 
 from __future__ import annotations
 
+import json
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Callable, Iterator
 
 import httpx
 import openai
 from helpers import DEVICE
+from prometheus_client.parser import text_string_to_metric_families
 
 from minisgl.distributed import free_port
 
@@ -76,6 +80,21 @@ def wait_healthy(url: str, proc: subprocess.Popen, output: Callable[[], str], ti
             return
         time.sleep(0.2)
     raise TimeoutError(f"server not healthy after {timeout}s:\n{output()}")
+
+
+def long_context_copy(model: str, directory: Path, positions: int) -> str:
+    """The tiny model with a longer context (rotary positions are computed, so only config.json changes)."""
+    copy = directory / "long-context"
+    shutil.copytree(model, copy)
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "max_position_embeddings": positions}))
+    return str(copy)
+
+
+def metric_samples(server: Server) -> dict[str, float]:
+    """Every sample of the server's /metrics now, by name (labels aside)."""
+    return {s.name: s.value for f in text_string_to_metric_families(httpx.get(f"{server.url}/metrics").text)
+            for s in f.samples}
 
 
 def pages_all_free(info: dict) -> bool:

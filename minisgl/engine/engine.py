@@ -23,7 +23,7 @@ from minisgl.core import GREEDY_TEMPERATURE, Batch
 from minisgl.distributed import TPGroup
 from minisgl.engine.config import EngineArgs
 from minisgl.engine.cuda_graph import DecodeGraphs
-from minisgl.engine.piecewise_graph import PiecewiseGraphs
+from minisgl.engine.piecewise_graph import PiecewiseGraphs, bucket_for
 from minisgl.engine.sampler import Sampler
 from minisgl.engine.step_cost import StepCost
 from minisgl.engine.step_cost import measure as measure_step_cost
@@ -247,10 +247,25 @@ class Engine:
 
     # ---- forward --------------------------------------------------------------------------------
 
+    def step_kind(self, batch: Batch) -> tuple[str, int | None]:
+        """How `forward` runs the batch (for the step trace): ("graph", batch size) for a decode CUDA graph,
+        ("pieces", token bucket) for piecewise graphs around eager attention, ("eager", None) otherwise."""
+        if batch.is_decode:
+            fits = self._graph_fits(batch)
+            return ("graph", bucket_for(self.graphs.buckets, len(batch.reqs))) if fits else ("eager", None)
+        tokens = sum(batch.extend_lens)
+        return ("pieces", bucket_for(self.piecewise.buckets, tokens)) if self._pieces_fit(tokens) else ("eager", None)
+
+    def _graph_fits(self, batch: Batch) -> bool:
+        return self.graphs is not None and len(batch.reqs) <= self.graphs.max_bs
+
+    def _pieces_fit(self, tokens: int) -> bool:
+        return self.piecewise is not None and self.piecewise.fits(tokens)
+
     def _hidden(self, inputs: ForwardInput, backend) -> torch.Tensor:
         """The final hidden state of every input token: from the piecewise graphs when the step fits them."""
         meta = backend.prepare(inputs)
-        if self.piecewise is not None and self.piecewise.fits(inputs.input_ids.shape[0]):
+        if self._pieces_fit(inputs.input_ids.shape[0]):
             return self.piecewise.run(inputs.input_ids, inputs.positions, inputs.out_slots,
                                       lambda layer, q, out: backend.attend(layer, q, meta, out))
         return self.model(inputs.input_ids, inputs.positions,
@@ -274,7 +289,7 @@ class Engine:
         """Enqueue the forward pass: logits at each request's last new token, and the scores of `batch.scored`."""
         if batch.is_decode:
             kv = batch.kv_lens
-            if self.graphs is not None and len(kv) <= self.graphs.max_bs:
+            if self._graph_fits(batch):
                 return ForwardedStep(batch, self.graphs.replay([r.row for r in batch.reqs], kv), [])
             # Lists become host tensors of a named dtype: inferring it element by element doubles the cost.
             meta = torch.tensor([[r.row for r in batch.reqs], kv], dtype=torch.int64).to(self.device, non_blocking=True)

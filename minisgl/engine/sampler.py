@@ -34,6 +34,7 @@ import torch
 
 from minisgl.constrained import apply_bitmask
 from minisgl.core import GREEDY_TEMPERATURE, MAX_LOGIT_BIAS, SamplingParams
+from minisgl.engine.host_copy import upload
 from minisgl.engine.thinking_budget import ThinkingBudgets
 from minisgl.kernels import use_triton
 
@@ -91,20 +92,21 @@ class Sampler:
         self._biased: set[int] = set()
 
     def _ids(self, ids: list[int]) -> torch.Tensor:
-        return torch.tensor(ids, dtype=torch.int64, device=self.device)
+        return upload(ids, torch.int64, self.device)
 
     def prepare_row(self, row: int, params: SamplingParams, seed: int, prompt_ids: list[int],
                     output_ids: list[int], min_tokens_banned: list[int]) -> None:
-        """Load a request into `row` on (re-)admission; output_ids restores the counter and counts."""
+        """Load a request into `row` on (re-)admission; output_ids restores the counter and counts. Nothing here
+        waits for the device (host_copy.py says why that matters): `t[row] = python_number` would, hence fill_."""
         p, vocab = params, self.vocab_size
         top_k = vocab if p.top_k == -1 else min(p.top_k, vocab)
         min_tokens = p.min_tokens if min_tokens_banned else 0  # 0 keeps a stale ban row inert
         repetition = min(max(p.repetition_penalty, 1 / REPETITION_LIMIT), REPETITION_LIMIT)
         temperature = 0.0 if p.temperature < GREEDY_TEMPERATURE else min(p.temperature, TEMPERATURE_LIMIT)
-        self.floats[row] = torch.tensor([temperature, max(p.top_p, TOP_P_FLOOR), p.min_p,
-                                         p.presence_penalty, p.frequency_penalty, repetition])
-        self.ints[row] = torch.tensor([top_k, min_tokens, seed & _M32, (seed >> 32) & _M32])
-        self.generated[row] = len(output_ids)
+        self.floats[row] = upload([temperature, max(p.top_p, TOP_P_FLOOR), p.min_p, p.presence_penalty,
+                                   p.frequency_penalty, repetition], torch.float32, self.device)
+        self.ints[row] = upload([top_k, min_tokens, seed & _M32, (seed >> 32) & _M32], torch.int64, self.device)
+        self.generated[row].fill_(len(output_ids))
         (self._random.add if not p.greedy else self._random.discard)(row)
         (self._sorting.add if not p.greedy and (top_k < vocab or p.top_p < 1) else self._sorting.discard)(row)
         (self._min_p.add if not p.greedy and p.min_p > 0 else self._min_p.discard)(row)
@@ -113,16 +115,15 @@ class Sampler:
             if self.counts is None:
                 self.counts = torch.zeros(self.max_rows, vocab, device=self.device)
                 self.in_prompt = torch.zeros(self.max_rows, vocab, dtype=torch.bool, device=self.device)
-            self.counts[row] = torch.bincount(self._ids(output_ids), minlength=vocab)
-            self.in_prompt[row] = False
-            self.in_prompt[row, self._ids(prompt_ids)] = True
+            output = self._ids(output_ids)  # counted by index_add: a CUDA bincount reads the largest id back
+            self.counts[row].zero_().index_add_(0, output, torch.ones(len(output_ids), device=self.device))
+            self.in_prompt[row].zero_().index_fill_(0, self._ids(prompt_ids), True)
         self._prepare_bias(row, p.logit_bias)
         self.thinking.prepare_row(row, p.thinking_budget, prompt_ids, output_ids)
         if min_tokens > 0:
             if self.banned is None:
                 self.banned = torch.zeros(self.max_rows, vocab, dtype=torch.bool, device=self.device)
-            self.banned[row] = False
-            self.banned[row, self._ids(min_tokens_banned)] = True
+            self.banned[row].zero_().index_fill_(0, self._ids(min_tokens_banned), True)
 
     def _prepare_bias(self, row: int, bias: dict[int, float] | None) -> None:
         """Load the row's logit_bias; a row without one adds zeros (batches with a biased row add every row's)."""
@@ -132,10 +133,11 @@ class Sampler:
                 self.bias_values = torch.zeros(self.max_rows, MAX_LOGIT_BIAS, device=self.device)
             ids, values = torch.zeros(MAX_LOGIT_BIAS, dtype=torch.int64), torch.zeros(MAX_LOGIT_BIAS)
             ids[:len(bias)], values[:len(bias)] = torch.tensor(list(bias)), torch.tensor(list(bias.values()))
-            self.bias_ids[row], self.bias_values[row] = ids, values
+            self.bias_ids[row] = upload(ids, torch.int64, self.device)
+            self.bias_values[row] = upload(values, torch.float32, self.device)
             self._biased.add(row)
         elif self.bias_values is not None:
-            self.bias_values[row] = 0
+            self.bias_values[row].zero_()
             self._biased.discard(row)
 
     def release_row(self, row: int) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from minisgl.core import MAX_MARKER_TOKENS, ThinkingBudget
+from minisgl.engine.host_copy import upload
 
 
 def _last_index(ids: list[int], marker: tuple[int, ...]) -> int:
@@ -68,7 +69,7 @@ class ThinkingBudgets:
         """Load the row's thinking budget and its state after the tokens it has; a row without one is inert."""
         if think is None:
             if self.state is not None:
-                self.state[row, 0] = -1
+                self.state[row, 0].fill_(-1)  # t[i] = number would wait for the device (host_copy.py)
             self.rows.discard(row)
             return
         if self.state is None:
@@ -79,9 +80,10 @@ class ThinkingBudgets:
             self.marker_lens = torch.ones(self.max_rows, 2, dtype=torch.int64, device=self.device)
         markers = torch.full((2, MAX_MARKER_TOKENS), -1, dtype=torch.int64)
         markers[0, :len(think.start)], markers[1, :len(think.end)] = torch.tensor(think.start), torch.tensor(think.end)
-        self.markers[row] = markers
-        self.marker_lens[row] = torch.tensor([len(think.start), len(think.end)])
-        self.state[row] = torch.tensor([think.budget, *thinking_state(think, prompt_ids, output_ids)])
+        self.markers[row] = upload(markers, torch.int64, self.device)
+        self.marker_lens[row] = upload([len(think.start), len(think.end)], torch.int64, self.device)
+        self.state[row] = upload([think.budget, *thinking_state(think, prompt_ids, output_ids)], torch.int64,
+                                 self.device)
         self.rows.add(row)
 
     def release_row(self, row: int) -> None:

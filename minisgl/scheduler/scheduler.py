@@ -70,8 +70,7 @@ class Scheduler:
         self.cache_hit_tokens = 0  # prompt tokens served from the prefix cache, over first admissions
         self.prompt_tokens_admitted = 0
         self.shutdown = False
-        self.trace = StepTrace.from_env(tp.is_leader)
-        self.launched_at = 0.0  # when the last tick enqueued its batch (the trace's)
+        self.trace = StepTrace.from_env(tp.is_leader, engine.device)  # None unless MINISGL_STEP_TRACE is set
 
     # ---- messages -------------------------------------------------------------------------------
 
@@ -153,12 +152,13 @@ class Scheduler:
         """One lockstep iteration, identical on every rank: agree on the messages, then step if there
         is work. Every driver (offline LLM, server, followers) advances the scheduler only this way."""
         self.last_step_tokens = 0
-        start = time.monotonic()
+        start, retracted = time.monotonic(), self.num_retracted
         self.sync_and_apply(messages)
         batch = self.step() if self.has_work else None
-        if self.trace is not None:
-            self.trace.record(start, self.launched_at, [m.req for m in messages or () if isinstance(m, AddReq)], batch,
-                              self.progressed + self.finished)
+        if self.trace is not None:  # `got`: a finish by abort brings no token
+            got = [r for r in self.progressed + self.finished if r.output_ids and r.finish_reason != "abort"]
+            self.trace.record(start, [m.req for m in messages or () if isinstance(m, AddReq)],
+                              self.num_retracted - retracted, batch, got)
 
     @property
     def has_work(self) -> bool:
@@ -183,12 +183,14 @@ class Scheduler:
         A batch with prefill tokens is not a whole-graph replay: enqueuing its forward pass (piecewise graphs
         around eager attention, or all eager above their largest bucket) still costs the host several
         milliseconds (3.6-4.9 ms for qwen3-0.6b on an H100 with the pieces, 22 ms eager), so reading the
-        previous step after it holds that step's tokens for the whole launch. When that step sampled some
-        request's first token, TTFT matters more than the overlap: the batch is built, the previous step
-        read first, and the batch launched at the start of the next tick, after the caller has sent those
-        tokens out (the device waits only for that step's tail). Otherwise the launch overlaps as ever: doing
-        it for every prefill batch costs a decode step's time per admission, a fifth of the throughput at 256
-        streams. (Deterministic: every TP rank decides alike.)
+        previous step after it holds that step's tokens for the whole launch. Reading it first instead (the
+        batch built, the previous step read and its tokens sent, the batch launched at the next tick) leaves
+        the device idle for that launch: every request of the batch waits that much longer, and a decoding
+        stream sees one short gap then one long one. So it is done only where it serves more requests than
+        it holds: when the previous step sampled at least as many first tokens as the batch has decodes of
+        other requests (a lightly loaded server, where TTFT is what a user sees). Under load the launch
+        overlaps as ever (reading first before every prefill batch cost a decode step per admission, a fifth
+        of the throughput at 256 streams). (Deterministic: every TP rank decides alike.)
 
         A constrained request's mask needs the matcher to have seen its previous token; its forward pass
         does not (it reads that token from the device's token table). So a batch holding one is launched
@@ -197,18 +199,21 @@ class Scheduler:
         self.progressed = []
         previous, self.unread_step = self.unread_step, None
         batch, self.pending = self.pending or self._next_batch(), None
-        if batch is not None and previous is not None and not batch.is_decode and self._has_first_tokens(previous):
+        if batch is not None and previous is not None and not batch.is_decode and self._read_first(previous, batch):
             self._commit(previous)
             self.pending = batch
             return None
         launched = None
         if batch is not None:
+            if self.trace is not None:
+                self.trace.launching(batch, self.engine.step_kind(batch))
             forwarded = self.engine.forward(batch)
             if previous is not None and self._constrained(batch):
                 self._commit(previous)
                 previous = None
             launched = self.engine.sample(forwarded, self._bitmask(batch))
-        self.launched_at = time.monotonic()
+            if self.trace is not None:
+                self.trace.launched(batch)
         if previous is not None:
             self._commit(previous)
         if self.overlap:
@@ -218,9 +223,13 @@ class Scheduler:
         return batch
 
     @staticmethod
-    def _has_first_tokens(step: LaunchedStep) -> bool:
-        """The step samples some request's first token (its prefill ends there)."""
-        return any(not step.batch.reqs[i].output_ids for i in step.batch.sampled)
+    def _read_first(previous: LaunchedStep, batch: Batch) -> bool:
+        """Read `previous` before launching `batch` (see `step`): it samples some requests' first tokens (their
+        prefill ends there), and no fewer of them than `batch` holds decodes of other requests (theirs do not
+        count: their second token waits for the launch either way)."""
+        first = {previous.batch.reqs[i].rid for i in previous.batch.sampled if not previous.batch.reqs[i].output_ids}
+        others = sum(n == 1 and r.rid not in first for r, n in zip(batch.reqs, batch.extend_lens))
+        return bool(first) and len(first) >= others
 
     def _next_batch(self) -> Batch | None:
         """The next batch, its requests' bookkeeping advanced as if it had run, its page-table entries sent.
@@ -396,7 +405,11 @@ class Scheduler:
 
     def _commit(self, step: LaunchedStep) -> None:
         """Append the step's sampled tokens and finish the requests they end."""
+        if self.trace is not None:
+            self.trace.reading()
         result, batch = step.result(), step.batch
+        if self.trace is not None:
+            self.trace.read(batch)
         for scores in result.prompt:
             self._record_prompt_scores(batch.reqs[scores.index], scores)
         for j, i in enumerate(batch.sampled):

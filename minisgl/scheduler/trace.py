@@ -1,9 +1,24 @@
-"""An optional per-tick timestamp trace, to see where a request's first token waits (MINISGL_STEP_TRACE=FILE).
+"""An optional timestamp trace of the server's token path, to see where a first token or an inter-token gap waits
+(MINISGL_STEP_TRACE=FILE; off by default, and then nothing here runs).
 
-One JSON line per tick that did something, on the TP leader: `t` (time.monotonic at the tick's start, the
-clock that the server and a client's `time.perf_counter` share on Linux), `launch_s` (until its batch was
-enqueued), `tick_s`, the requests that arrived (`added`: [rid, prompt length]), what the launched batch holds
-(`decodes`, and `chunks`: [rid, tokens] of its prefill part) and the requests whose first token it read (`first`).
+Every time is `time.monotonic()`, the clock that the server's processes and a client's `time.perf_counter` share on
+Linux. `StepTrace` writes FILE on the scheduler's TP leader, one JSON line per tick that did something:
+
+- `t` (the tick's start); since then, in seconds: `build_s` (messages applied and its batch built), `launch_s`
+  (the batch enqueued), `wait_from_s` and `read_s` (the host began to wait for a step's result, and had it: the
+  difference is the time it blocked on the device), `tick_s` (the tick's end); on a server, a line `{"sent": T}`
+  follows when the tick had outputs: when they were handed to the detokenizer's socket;
+- the requests that arrived (`added`: [rid, prompt length]) and how many were retracted (`retracted`);
+- the launched step: `step` (its number, or None), `decodes`, `chunks` ([rid, tokens] of its prefill part), `kind`
+  (`graph`: a whole decode CUDA graph; `pieces`: piecewise graphs around eager attention; `eager`) and `bucket`
+  (the graph's batch size or token bucket);
+- the step read in this tick: `read` (its number), `device_ms` (its span on the device, from an event recorded
+  before its enqueue to one after its copies; CUDA only), `got` (the rids that got a token from it, in batch
+  order: each tick reads at most one token per request) and `first` (those whose first token it was).
+
+`MessageTrace` writes FILE.detok and FILE.api, one line per engine message that the detokenizer forwarded (`t`: just
+before its send) or the API process routed (`t`: as it began): when, and the rids it carries.
+benchmarks/ttft_trace.py and itl_trace.py join these to the client's timestamps.
 """
 
 from __future__ import annotations
@@ -11,25 +26,102 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import TextIO
+
+import torch
 
 from minisgl.core import Batch, Req
 
+ENV = "MINISGL_STEP_TRACE"
+
 
 class StepTrace:
-    def __init__(self, path: str):
+    """The scheduler calls `launching` and `launched` around a batch's enqueue, `reading` and `read` around a step's
+    result, `record` at the tick's end and (server) `sent` once the tick's outputs are sent."""
+
+    def __init__(self, path: str, cuda: bool):
         self.file = open(path, "a", buffering=1)  # line by line: a server is stopped by a signal
+        self.cuda = cuda
+        self.steps = 0  # steps launched so far
+        self.numbers: dict[int, list] = {}  # id(batch) -> [step number, start event, end event] (events: CUDA only)
+        self.tick: dict = {}  # this tick's launch and read, so far
+        self.wrote = False  # a line for the last tick (so its send is worth a line)
 
     @classmethod
-    def from_env(cls, is_leader: bool) -> StepTrace | None:
-        path = os.environ.get("MINISGL_STEP_TRACE")
-        return cls(path) if path and is_leader else None
+    def from_env(cls, is_leader: bool, device: torch.device) -> StepTrace | None:
+        path = os.environ.get(ENV)
+        return cls(path, device.type == "cuda") if path and is_leader else None
 
-    def record(self, start: float, launched: float, added: list[Req], batch: Batch | None, read: list[Req]) -> None:
-        if not (added or batch or read):  # an idle tick
+    def launching(self, batch: Batch, kind: tuple[str, int | None]) -> None:
+        """Just before `batch` is enqueued: number it, and mark the stream (the step's device span starts here)."""
+        self.numbers[id(batch)] = [self.steps, self._event(), None]
+        self.tick.update(step=self.steps, kind=kind[0], bucket=kind[1], build_at=time.monotonic())
+        self.steps += 1
+
+    def launched(self, batch: Batch) -> None:
+        """Just after `batch`'s step (forward, sampling, copies to the host) was enqueued."""
+        self.numbers[id(batch)][2] = self._event()
+        self.tick["launch_at"] = time.monotonic()
+
+    def _event(self) -> torch.cuda.Event | None:
+        if not self.cuda:
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def reading(self) -> None:
+        self.tick["read_from"] = time.monotonic()
+
+    def read(self, batch: Batch) -> None:
+        """Just after the result of `batch`'s step was read."""
+        read_at = time.monotonic()
+        number, began, ended = self.numbers.pop(id(batch), (None, None, None))
+        if ended is not None:
+            ended.synchronize()  # recorded just after the event the read waited for
+        self.tick.update(read=number, read_at=read_at,
+                         device_ms=round(began.elapsed_time(ended), 3) if ended is not None else None)
+
+    def record(self, start: float, added: list[Req], retracted: int, batch: Batch | None, got: list[Req]) -> None:
+        """The tick's line; `got`: the requests that got a token in it."""
+        tick, self.tick = self.tick, {}
+        self.wrote = bool(added or batch or "read" in tick)
+        if not self.wrote:  # an idle tick
             return
         chunks = [[r.rid, n] for r, n in zip(batch.reqs, batch.extend_lens) if n > 1] if batch else []
-        self.file.write(json.dumps({
-            "t": round(start, 6), "launch_s": round(launched - start, 6) if batch else None,
-            "tick_s": round(time.monotonic() - start, 6), "added": [[r.rid, len(r.prompt_ids)] for r in added],
+        since = {key: round(tick[at] - start, 6) if at in tick else None
+                 for key, at in (("build_s", "build_at"), ("launch_s", "launch_at"), ("wait_from_s", "read_from"),
+                                 ("read_s", "read_at"))}
+        write_line(self.file, {
+            "t": round(start, 6), **since, "tick_s": round(time.monotonic() - start, 6),
+            "added": [[r.rid, len(r.prompt_ids)] for r in added], "retracted": retracted,
+            "step": tick.get("step"), "kind": tick.get("kind"), "bucket": tick.get("bucket"),
             "decodes": len(batch.reqs) - len(chunks) if batch else 0, "chunks": chunks,
-            "first": [r.rid for r in read if len(r.output_ids) == 1]}) + "\n")
+            "read": tick.get("read"), "device_ms": tick.get("device_ms"),
+            "got": [r.rid for r in got], "first": [r.rid for r in got if len(r.output_ids) == 1]})
+
+    def sent(self) -> None:
+        """The last tick's outputs are being sent to the detokenizer (just before: the detokenizer's own stamp for
+        them comes later)."""
+        if self.wrote:
+            write_line(self.file, {"sent": round(time.monotonic(), 6)})
+
+
+class MessageTrace:
+    """One line per engine message a process passes on: when, and the rids it carries (FILE.detok, FILE.api)."""
+
+    def __init__(self, path: str):
+        self.file = open(path, "a", buffering=1)
+
+    @classmethod
+    def from_env(cls, suffix: str) -> MessageTrace | None:
+        path = os.environ.get(ENV)
+        return cls(f"{path}.{suffix}") if path else None
+
+    def record(self, at: float, rids: list[int]) -> None:
+        write_line(self.file, {"t": round(at, 6), "rids": rids})
+
+
+def write_line(file: TextIO, line: dict) -> None:
+    """One compact JSON line (files are line-buffered: a server stopped by a signal loses no whole line)."""
+    file.write(json.dumps(line, separators=(",", ":")) + "\n")

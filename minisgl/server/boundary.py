@@ -3,9 +3,9 @@ nothing reaches a scheduler that was not checked here.
 
 The schemas (schemas/) settle types and ranges. This module checks what
 needs the model or the whole request: prompts tokenized (off the event loop) and fitting the context,
-every token id against the vocabulary, the sampling parameters together (`SamplingParams` and
-`core.check_request`, the very checks the offline `LLM` API runs). A refusal is an `ApiError` 400 naming
-the request field as the client spelled it.
+every token id against the vocabulary, the sampling parameters together (`SamplingParams`, then
+`core.check_prompt` per prompt and `core.check_params` once: the very checks the offline `LLM` API runs,
+none twice). A refusal is an `ApiError` 400 naming the request field as the client spelled it.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from minisgl.core import (
     ContextLengthError,
     SamplingParams,
     ThinkingBudget,
+    check_params,
     check_prompt,
     check_prompt_length,
-    check_request,
 )
 from minisgl.server.errors import ApiError
 from minisgl.server.plan import Plan, PromptInput
@@ -85,8 +85,7 @@ async def prepare(codec: TextCodec, limits: ModelLimits, plan: Plan) -> CheckedR
         if plan.constraints and params.min_tokens:
             raise ValueError(f"min_tokens cannot be combined with {plan.constraints[0][0]}: the grammar alone "
                              f"decides where the output may end")
-        for ids in prompts:
-            check_request(ids, params, limits.vocab_size, limits.max_seq_len, limits.kv_capacity)
+        check_params(params, limits.vocab_size)  # the prompts' ids were checked above
     params.constraint = await constraint(codec, plan.constraints)
     if plan.stop:
         codec.require("stop", "stop strings are matched on text; use stop_token_ids")

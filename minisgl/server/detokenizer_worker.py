@@ -9,11 +9,13 @@ with an error in the same way, and the process goes on with the others. Without 
 from __future__ import annotations
 
 import logging
+import time
 
 import zmq
 
 from minisgl.core import TokenLogprob
 from minisgl.messages import AbortReq, Alternative, DetokRegister, LogprobEntry, Ready, ReqOutput, TextOutput
+from minisgl.scheduler.trace import MessageTrace
 from minisgl.server.detokenizer import IncrementalDetokenizer, token_text
 from minisgl.server.ipc import IpcPaths, become_child, freeze_startup_heap, inbox, outbox
 from minisgl.tokenizer import TokenizerSource
@@ -40,6 +42,7 @@ class Detokenizer:
         self.states: dict[int, IncrementalDetokenizer | None] = {}  # None: no tokenizer, ids only
         self.early: dict[int, list[ReqOutput]] = {}  # outputs that overtook their request's DetokRegister
         self.ended_here: set[int] = set()  # finished by a stop string or a failure; the scheduler's abort is to come
+        self.trace = MessageTrace.from_env("detok")  # None unless MINISGL_STEP_TRACE is set
 
     def run(self) -> None:
         self.to_api.send_pyobj(Ready("detokenizer"))
@@ -53,6 +56,8 @@ class Detokenizer:
                 outputs = message
             texts = [text for out in outputs if (text := self.convert_or_fail(out)) is not None]
             if texts:
+                if self.trace is not None:  # stamped before the send, as the scheduler's: the API's comes after
+                    self.trace.record(time.monotonic(), [text.rid for text in texts])
                 self.to_api.send_pyobj(texts)
 
     def convert_or_fail(self, out: ReqOutput) -> TextOutput | None:

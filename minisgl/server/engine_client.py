@@ -7,6 +7,12 @@ finished aborts it in the scheduler, whose final "abort" output then closes the 
 
 Admission (`admit`) counts sequences from the moment a request is accepted, before it is tokenized, so
 a burst cannot pass the --max-queued-requests check all at once before any of it is counted.
+
+Streams and arrivals take turns (`streams_first`): the event loop runs the callbacks ready at the start of a
+round in order, so a burst of arriving requests (~0.5 ms of work each) would hold the running streams' next
+chunks for the whole burst. Each arrival looks at the inbox before its work and, when chunks wait there, routes
+them and lets their streams write first; the arrivals then have as long as the streams' turn took. A chunk
+waits behind a few arrivals, not a burst, and a burst still gets half of a saturated loop.
 """
 
 from __future__ import annotations
@@ -21,10 +27,10 @@ from dataclasses import replace
 from typing import AsyncIterator
 
 import zmq
-import zmq.asyncio
 
 from minisgl.core import Req, SamplingParams
 from minisgl.messages import AbortReq, AddReq, DetokRegister, Ready, StatsReply, StatsRequest, TextOutput
+from minisgl.scheduler.trace import MessageTrace
 from minisgl.server.errors import ApiError
 from minisgl.server.ipc import IpcPaths, inbox, outbox
 from minisgl.server.metrics import Metrics
@@ -50,7 +56,6 @@ class Sequence:
         self.start = self.last = time.monotonic()
         self.ttft: float | None = None
         self.queued: float | None = None  # arrival to first scheduled (seconds), once the scheduler says
-        self.itls: list[float] = []
         self.completion_tokens = self.cached_tokens = 0
         self.finish_reason: str | None = None
 
@@ -62,18 +67,22 @@ class Sequence:
         taken, self.pending = self.pending, []
         return taken
 
-    def record(self, out: TextOutput, now: float) -> None:
+    def record(self, out: TextOutput, now: float) -> float | None:
+        """Book one output; its inter-token latency (the gap since the last tokens, per token it carries),
+        None for the first tokens or none."""
+        itl = None
         if out.scheduled_at is not None:
             self.queued = max(0.0, out.scheduled_at - self.start)
         if out.new_ids:
             if self.ttft is None:
                 self.ttft = now - self.start
             else:
-                self.itls.append((now - self.last) / len(out.new_ids))
+                itl = (now - self.last) / len(out.new_ids)
             self.last = now
         self.completion_tokens += len(out.new_ids)
         self.cached_tokens = out.cached_tokens
         self.finish_reason = out.finish_reason
+        return itl
 
 
 def merged(outs: list[TextOutput]) -> TextOutput:
@@ -91,22 +100,21 @@ def merged(outs: list[TextOutput]) -> TextOutput:
 
 class EngineClient:
     def __init__(self, ipc: IpcPaths, metrics: Metrics):
-        # The process's one asyncio context, never garbage: a context collected in the same cycle as its sockets
-        # finds their weak references cleared, closes none of them and blocks in term() for good (tests make
-        # and drop many clients in one process).
-        ctx = zmq.asyncio.Context.instance()
+        # The process's one context, never garbage: a context collected in the same cycle as its sockets finds
+        # their weak references cleared, closes none of them and blocks in term() for good (tests make and drop
+        # many clients in one process).
+        ctx = zmq.Context.instance()
+        # Plain (blocking-API) sockets, no asyncio wrappers: an asyncio socket's recv or send costs a future, a
+        # poller registration and callbacks (~8% of this process's CPU at 256 streams, ~70 us a request), and
+        # its recv would be a second reader of the inbox beside `streams_first`'s, able to route a later
+        # message before an earlier one. The inbox is read only by `route_waiting`, called when its descriptor
+        # wakes the loop (`run`) and by arrivals. No send high-water mark, so a send never blocks the loop:
+        # what waits is bounded by admission (--max-queued-requests).
         self.inbox = inbox(ctx, ipc.api)
-        # The same socket through the plain API, to take what already waits (`_waiting`): an asyncio socket's
-        # recv, even one that cannot block, costs a future and a poller registration, ~8% of this process's CPU
-        # at 256 streams.
-        self.inbox_now = zmq.Socket.shadow(self.inbox.underlying)
-        # Plain (blocking-API) sockets to send: an asyncio socket's send costs a future and callbacks, ~70 us a
-        # request on the loop. No send high-water mark, so a send never blocks the loop: what waits is bounded by
-        # admission (--max-queued-requests), as an asyncio socket's queued sends would be. A shadow context owns
-        # nothing, so it never terminates the one above.
-        plain = zmq.Context.shadow(ctx.underlying)
-        self.to_scheduler = outbox(plain, ipc.scheduler, unbounded=True)
-        self.to_detok = outbox(plain, ipc.detokenizer, unbounded=True)
+        self.to_scheduler = outbox(ctx, ipc.scheduler, unbounded=True)
+        self.to_detok = outbox(ctx, ipc.detokenizer, unbounded=True)
+        self.streams_due = False  # an arrival let woken streams go first; those behind it wait their turn too
+        self.arrivals_until = 0.0  # (monotonic) arrivals' turn after the streams': the inbox is not looked at
         self.metrics = metrics
         self.ready = asyncio.Event()  # set once the scheduler and the detokenizer both report Ready
         self.components_ready: set[str] = set()
@@ -115,6 +123,7 @@ class EngineClient:
         self.stats_waiters: dict[int, asyncio.Future] = {}
         self.ids = itertools.count()
         self.queued = 0  # admitted sequences without a first token yet: what --max-queued-requests limits
+        self.trace = MessageTrace.from_env("api")  # None unless MINISGL_STEP_TRACE is set
 
     @property
     def open_sequences(self) -> int:
@@ -199,26 +208,55 @@ class EngineClient:
     # ---- routing ---------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Route every message from the scheduler and detokenizer (runs for the server's lifetime; one
-        message that cannot be handled is logged and skipped, never the end of routing)."""
-        while True:
-            for message in [await self.inbox.recv_pyobj(), *self._waiting()]:
-                try:
-                    self._route(message)
-                except Exception:
-                    logger.exception("could not route a message from the engine: %r", message)
+        """Route every message from the scheduler and detokenizer for the server's lifetime: whenever the
+        inbox's descriptor wakes the loop, everything waiting there is routed at once."""
+        loop, fd = asyncio.get_running_loop(), self.inbox.getsockopt(zmq.FD)
+        loop.add_reader(fd, self.route_waiting)
+        try:
+            self.route_waiting()  # what came before the reader was added
+            await loop.create_future()  # until cancelled (server shutdown)
+        finally:
+            loop.remove_reader(fd)
 
-    def _waiting(self) -> list:
-        """The messages already in the inbox. Routed together with the one awaited, their outputs reach each
-        consumer in one wake-up: a loop that fell behind the engine catches up in one round, not one per step."""
-        found = []
+    def route_waiting(self) -> bool:
+        """Route every message already in the inbox (all of them: a loop that fell behind the engine catches
+        up in one round, each consumer woken once, not once per step); True if any carried outputs. The
+        descriptor is edge-triggered: it wakes the loop again only for a message that comes after the inbox
+        was read empty, so this always reads until it is. One message that cannot be handled is logged and
+        skipped, never the end of routing."""
+        outputs = False
         while True:
             try:
-                found.append(pickle.loads(self.inbox_now.recv(zmq.NOBLOCK)))
+                raw = self.inbox.recv(zmq.NOBLOCK)
             except zmq.Again:
-                return found
+                return outputs
+            message = raw
+            try:
+                message = pickle.loads(raw)
+                outputs |= self._route(message)
+            except Exception:
+                logger.exception("could not route a message from the engine: %r", message)
 
-    def _route(self, message) -> None:
+    async def streams_first(self) -> None:
+        """Called by an arriving request before its work: if outputs wait in the inbox, route them and step
+        back once so that the streams they woke write their chunks first; arrivals queued behind this one step
+        back too until its turn comes (they would otherwise run before those streams). Then arrivals have the
+        loop for as long as the streams' turn took before the inbox is looked at again: a fair half each when
+        the loop is saturated, where streams-always-first would admit one arrival per engine step (256 of them
+        queued would wait seconds for their first token)."""
+        while self.streams_due or (time.monotonic() >= self.arrivals_until and self.route_waiting()):
+            leading, self.streams_due = not self.streams_due, True
+            turn = time.monotonic()
+            try:
+                await asyncio.sleep(0)  # to the back of the loop's queue, behind the woken streams
+            finally:
+                if leading:
+                    self.streams_due = False
+                    now = time.monotonic()
+                    self.arrivals_until = now + (now - turn)
+
+    def _route(self, message) -> bool:
+        """Route one message; True if it was outputs (consumers woken)."""
         if isinstance(message, Ready):
             self.info.update(message.info)
             self.components_ready.add(message.component)
@@ -231,17 +269,23 @@ class EngineClient:
                 waiter.set_result(message.stats)
         else:
             now = time.monotonic()
+            if self.trace is not None:
+                self.trace.record(now, [out.rid for out in message])
             for out in message:
                 seq = self.sequences.get(out.rid)
                 if seq is None:  # already closed (failed at shutdown); late outputs are dropped
                     continue
                 had_token = seq.ttft is not None
-                seq.record(out, now)
+                itl = seq.record(out, now)
+                if itl is not None:  # as it comes: a stream's hundreds at its end would hold the loop
+                    self.metrics.observe_itl(itl)
                 if seq.ttft is not None and not had_token:
                     self.queued -= 1
                 if out.finish_reason is not None:
                     self._close(seq)
                 seq.deliver(out)
+            return True
+        return False
 
     def _close(self, seq: Sequence) -> None:
         """The sequence is over: settle its books, metrics and log line."""
@@ -250,7 +294,7 @@ class EngineClient:
             self.queued -= 1
         latency = time.monotonic() - seq.start
         self.metrics.observe_finished(seq.prompt_tokens, seq.completion_tokens, seq.cached_tokens, seq.ttft, latency,
-                                      seq.itls, seq.finish_reason, seq.queued)
+                                      seq.finish_reason, seq.queued)
         logger.info("request %d finished: prompt=%d completion=%d cached=%d ttft=%s latency=%.3fs reason=%s%s",
                     seq.rid, seq.prompt_tokens, seq.completion_tokens, seq.cached_tokens,
                     f"{seq.ttft:.3f}s" if seq.ttft is not None else "-", latency, seq.finish_reason,

@@ -100,6 +100,7 @@ async def respond(request: Request, state: ServerState, plan: Plan, answer: Answ
 async def start(state: ServerState, plan: Plan) -> tuple[CheckedRequest, list[Choice]]:
     """Admit the plan (prompts x n sequences), check it, and submit every sequence to the engine."""
     client, sequences = state.client, plan.prompts * plan.n
+    await client.streams_first()  # the running streams' waiting chunks go out before this request's work
     state.admit(plan.model, sequences)
     choices: list[Choice] = []
     state.preparing += 1

@@ -107,6 +107,8 @@ class SchedulerServer:
                                      len(req.prompt_ids), req.cached_tokens, req.error, scored, scheduled,
                                      req.hidden_state))
         if outputs:
+            if self.scheduler.trace is not None:
+                self.scheduler.trace.sent()
             self.to_detok.send_pyobj(outputs)
 
     def stats(self) -> dict:

@@ -18,7 +18,7 @@ import openai
 import pytest
 from helpers import DEVICE
 from prometheus_client.parser import text_string_to_metric_families
-from server_fixtures import Server
+from server_fixtures import Server, metric_samples
 
 import minisgl
 from minisgl.distributed import free_port
@@ -125,8 +125,7 @@ def test_return_tokens_as_token_ids_flag(peer_spelled):
 
 def running_gauges(server: Server) -> tuple[float, float]:
     """(running requests, KV usage) now, under SGLang's names (vLLM's map to the same gauges)."""
-    samples = {s.name: s.value for f in text_string_to_metric_families(httpx.get(f"{server.url}/metrics").text)
-               for s in f.samples}
+    samples = metric_samples(server)
     return samples["sglang:num_running_reqs"], samples["sglang:token_usage"]
 
 

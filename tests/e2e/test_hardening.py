@@ -11,7 +11,6 @@ import os
 import random
 import re
 import select
-import shutil
 import signal
 import socket
 import string
@@ -25,7 +24,7 @@ import httpx
 import jsonschema
 import pytest
 from schemathesis.core.warnings import SchemathesisWarning
-from server_fixtures import Server, pages_all_free, serving
+from server_fixtures import Server, long_context_copy, pages_all_free, serving
 
 KEY = "sekret"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -340,15 +339,6 @@ def test_schemathesis_finds_no_5xx_and_no_contract_violation(model, tmp_path):
 # ---------------------------------------------------------------- limits that hold
 
 
-def long_context_copy(model: str, directory: Path, positions: int) -> str:
-    """The tiny model with a longer context (rotary positions are computed, so only config.json changes)."""
-    copy = directory / "long-context"
-    shutil.copytree(model, copy)
-    config = json.loads((copy / "config.json").read_text())
-    (copy / "config.json").write_text(json.dumps({**config, "max_position_embeddings": positions}))
-    return str(copy)
-
-
 def test_a_burst_past_the_queue_limit_is_admitted_only_up_to_it(model, tmp_path):
     # the long request must still hold the running slot when the whole burst has arrived: at the tiny model's
     # 2,048 positions it could finish first on a loaded machine, and its freed slot admitted more than 2
@@ -382,9 +372,11 @@ def test_a_burst_past_the_queue_limit_is_admitted_only_up_to_it(model, tmp_path)
         assert srv.stop() == 0
 
 
-def test_shutdown_timeout_is_a_hard_bound(model):
-    srv = Server(model, "--shutdown-timeout", "1")
-    stream_body = {"model": "tiny", "prompt": "on and on", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+def test_shutdown_timeout_is_a_hard_bound(model, tmp_path):
+    # the stream must still run when the signal comes, after the crowd is in: 12,000 tokens (a longer context
+    # and a pool for them and the crowd), since 2,000 could end first on a loaded machine
+    srv = Server(long_context_copy(model, tmp_path, 16384), "--shutdown-timeout", "1", "--num-pages", "65536")
+    stream_body = {"model": "tiny", "prompt": "on and on", "max_tokens": 12000, "ignore_eos": True, "stream": True}
     crowd = {"model": "tiny", "prompt": [[5, 6, 7]] * 16, "n": 16, "max_tokens": 2000, "ignore_eos": True}
     events: list[str] = []
     streaming = threading.Event()  # the stream request itself runs: it has sent its first event

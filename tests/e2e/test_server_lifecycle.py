@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 from helpers import DEVICE, random_prompts
-from server_fixtures import Server
+from server_fixtures import Server, long_context_copy
 
 from minisgl.tools.tiny_model import make_tiny_model
 
@@ -35,11 +35,11 @@ def alive(pid: int) -> bool:
         return f.read().split(") ")[1][0] != "Z"
 
 
-def test_sigterm_drains_in_flight_requests_then_exits_0(model):
-    srv = Server(model, "--shutdown-timeout", "120")  # ample for the 2000 tokens on a busy CPU
-    # nearly the whole 2048-token context: seconds of decoding even on a fast CPU, so the request is still
-    # running when the checks below reach the draining server (1000 tokens once finished before them)
-    body = {"model": "tiny", "prompt": "Keep talking", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+def test_sigterm_drains_in_flight_requests_then_exits_0(model, tmp_path):
+    # 3,000 tokens (a longer context for them): seconds of decoding even on a fast CPU, so the
+    # request is still running when the checks below reach the draining server (1,000 once finished before them)
+    srv = Server(long_context_copy(model, tmp_path, 16384), "--shutdown-timeout", "300")
+    body = {"model": "tiny", "prompt": "Keep talking", "max_tokens": 3000, "ignore_eos": True, "stream": True}
     result: dict = {}
     streaming = threading.Event()
 
@@ -62,7 +62,7 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(model):
         time.sleep(0.02)
     refused = httpx.post(f"{srv.url}/v1/completions", json={"model": "tiny", "prompt": "new", "max_tokens": 2})
     assert refused.status_code == 503 and refused.headers["retry-after"]
-    thread.join(timeout=120)
+    thread.join(timeout=300)  # a minute and more on a loaded 2-core machine
     assert result["status"] == 200 and result["events"][-1] == "data: [DONE]"
     assert '"finish_reason":"length"' in result["events"][-2]
     assert srv.proc.wait(timeout=30) == 0

@@ -161,31 +161,42 @@ def test_retraction_amid_mixed_steps_keeps_the_greedy_tokens(tiny_models, overla
     assert [r.output_ids for r in reqs] == alone(path, reqs)
 
 
-def test_first_tokens_are_read_before_a_prefill_batch_is_launched(tiny_models):
-    """With overlap, a batch with prefill tokens (costly to launch: no CUDA graph) goes out only in a tick that
-    read no first token, so first tokens reach the caller without waiting for that launch; other steps are
-    read after the next batch is launched, as ever."""
-    llm = engine(tiny_models["qwen3"], max_prefill_tokens=16)
+def launches_and_first_tokens(path: str, running: list[int], arriving: list[int]) -> tuple[list, list[Req]]:
+    """Prompts `running` start together, `arriving` come at the fourth tick (budget 16 tokens a step, overlap
+    on); per tick, (the batches it launched, the rids whose first token it read), and the requests."""
+    llm = engine(path, max_prefill_tokens=16)
     sched = llm.scheduler
+    reqs = [Req(i, p, greedy(12), seed=0) for i, p in enumerate(prompts(running + arriving))]
     try:
-        batches = record_batches(llm)
-        reqs = [Req(i, p, greedy(12), seed=0) for i, p in enumerate(prompts([5, 40, 7, 20]))]
-        sched.tick([AddReq(reqs[0])])
-        ticks = []  # (batches launched, first tokens read, tokens read) per tick
-        for k in range(200):
-            if not sched.has_work:
+        batches, ticks = record_batches(llm), []
+        for k in range(300):
+            if k > 3 and not sched.has_work:
                 break
-            launched, started = len(batches), [bool(r.output_ids) for r in reqs]
-            before = sum(len(r.output_ids) for r in reqs)
-            sched.tick([AddReq(r) for r in reqs[1:]] if k == 2 else [])
-            ticks.append((batches[launched:], sum(bool(r.output_ids) for r in reqs) - sum(started),
-                          sum(len(r.output_ids) for r in reqs) - before))
+            launched, started = len(batches), {r.rid for r in reqs if r.output_ids}
+            added = reqs[:len(running)] if k == 0 else reqs[len(running):] if k == 3 else []
+            sched.tick([AddReq(r) for r in added])
+            ticks.append((batches[launched:], {r.rid for r in reqs if r.output_ids} - started))
     finally:
         llm.shutdown()
-    prefill_launches = [first for launched, first, _ in ticks if launched and not launched[0].is_decode]
-    assert len(prefill_launches) >= 4 and not any(prefill_launches)  # 40 + 7 + 20 tokens, 16 a step
-    assert any(launched and read for launched, _, read in ticks)  # decodes still overlap
-    assert [len(r.output_ids) for r in reqs] == [12] * 4
+    assert [len(r.output_ids) for r in reqs] == [12] * len(reqs)
+    return ticks, reqs
+
+
+def test_first_tokens_are_read_before_a_prefill_launch_only_when_they_outnumber_the_other_decodes(tiny_models):
+    """With overlap, a batch with prefill tokens (costly to launch: no CUDA graph) is launched before the step in
+    flight is read, as every batch is, unless that step samples first tokens of at least as many requests as
+    the batch decodes others: then the step is read first (its first tokens go out before the launch) and the
+    batch launched at the next tick."""
+    path = tiny_models["qwen3"]
+    # Light load: three short prompts end their prefill together beside no other decode, a long one behind them.
+    ticks, _ = launches_and_first_tokens(path, [5, 5, 5, 40], [])
+    read_first = [k for k, (launched, first) in enumerate(ticks) if first and not launched]
+    assert read_first and not ticks[read_first[0] + 1][0][0].is_decode  # the prefill batch waited one tick
+    # Under load: six requests decode when a short prompt's first token is sampled beside a long prompt's chunks.
+    ticks, reqs = launches_and_first_tokens(path, [5] * 6, [7, 40])
+    launched, _ = next(t for t in ticks if reqs[6].rid in t[1])
+    assert launched and not launched[0].is_decode  # read in the tick that launched the next chunk
+    assert [r.output_ids for r in reqs] == alone(path, reqs)
 
 
 # A model of the device's step time, as engine/step_cost.py measures on a GPU: flat up to 64 tokens, then linear;

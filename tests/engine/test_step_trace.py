@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from collections import Counter
+from pathlib import Path
 
 from minisgl import LLM, SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from itl_trace import Trace, gaps_of, report  # noqa: E402
 
 DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
 
@@ -29,3 +35,63 @@ def test_trace_follows_a_chunked_prompt_to_its_first_token(tiny_models, tmp_path
     last_chunk = max(k for k, t in enumerate(ticks) if rids[40] in (rid for rid, _ in t["chunks"]))
     assert len(first) == 1 and first[0] > last_chunk  # read once, after its last chunk was launched
     assert len(short.token_ids) == len(long.token_ids) == 3
+
+
+def test_trace_numbers_steps_and_reads_each_token_once(tiny_models, tmp_path, monkeypatch):
+    """Every launched step is read once, after it was launched; each request appears in `got` once per token."""
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("MINISGL_STEP_TRACE", str(path))
+    outs = traced_run(tiny_models, path)
+    ticks = [json.loads(line) for line in path.read_text().splitlines()]
+    launched = {t["step"]: k for k, t in enumerate(ticks) if t["step"] is not None}
+    reads = [(t["read"], k) for k, t in enumerate(ticks) if t["read"] is not None]
+    assert sorted(launched) == list(range(len(launched))) == sorted(step for step, _ in reads)
+    assert all(launched[step] <= k for step, k in reads)  # with overlap, usually the tick after
+    kinds = {t["kind"] for t in ticks if t["step"] is not None}
+    device_ms = [t["device_ms"] for t in ticks if t["read"] is not None]
+    if DEVICE == "cpu":  # no CUDA graphs, no device events
+        assert kinds == {"eager"} and device_ms == [None] * len(reads)
+    else:  # the decodes of two requests replay a graph; every step's device span is measured
+        assert "graph" in kinds and kinds <= {"graph", "pieces", "eager"} and all(ms > 0 for ms in device_ms)
+    assert all("sent" not in t for t in ticks)  # offline: no detokenizer to send to
+    got = Counter(rid for t in ticks for rid in t["got"] if rid >= 0)
+    assert sorted(got.values()) == sorted(len(o.token_ids) for o in outs)
+
+
+def traced_run(tiny_models, path) -> list:
+    """The outputs of a short prompt decoding while a long one is chunked in beside it (16 tokens a step)."""
+    llm = LLM(tiny_models["qwen3"], device=DEVICE, dtype="float32", num_pages=1024, cuda_graph_max_bs=8,
+              max_prefill_tokens=16)
+    try:
+        return llm.generate([[5, 6, 7], list(range(10, 50))], SamplingParams(max_tokens=8, ignore_eos=True))
+    finally:
+        llm.shutdown()
+
+
+def test_itl_trace_places_a_client_delay_and_the_mixed_steps(tiny_models, tmp_path, monkeypatch):
+    """benchmarks/itl_trace.py on a real trace, with client arrivals made up from it: each chunk 1 ms after its
+    tick's end, from the fifth on 5 s later (a client that stalled). The fifth chunk's gap grows by 5 s, all of it
+    `to_client`, and no other gap's `to_client` moves; every gap's parts add up to it; the short request's gaps that
+    read a step of the long prompt's chunks say so."""
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("MINISGL_STEP_TRACE", str(path))
+    outs = traced_run(tiny_models, path)
+    trace = Trace(str(path))
+    rid = next(rid for t in trace.ticks for rid, n in t["added"] if n == 3)
+    ends = [trace.sent(i) for i in trace.token_ticks[rid]]
+    assert len(ends) == len(outs[0].token_ids) == 8
+    arrivals = [end + 0.001 + (5.0 if k >= 4 else 0) for k, end in enumerate(ends)]
+    request = {"streams": 1, "prompt_len": 3, "start": ends[0] - 0.01, "first": arrivals[0],
+               "after_us": [round(1e6 * (a - arrivals[0])) for a in arrivals]}
+    gaps = gaps_of(request, rid, trace)
+    assert len(gaps) == 7
+    for gap in gaps:
+        assert abs(sum(gap.parts.values()) - gap.ms) < 0.01
+    assert abs(gaps[3].parts["to_client"] - 5000) < 0.01
+    assert all(abs(g.parts["to_client"]) < 0.01 for k, g in enumerate(gaps) if k != 3)
+    chunks = [n for t in trace.ticks for r, n in t["chunks"] if r != rid and r >= 0]
+    mixed = [g.prefill_tokens for g in gaps if "read a mixed step" in g.flags]
+    assert mixed and all(0 < n <= 16 for n in mixed) and set(mixed) <= set(chunks)
+    table = report(1, gaps, threshold_ms=4000)  # no step of this tiny model takes seconds
+    assert "1 of 7 gaps above 4000.00 ms" in table
+    assert "| to_client | 5000.00 | " in table and table.split("| to_client |")[1].split("\n")[0].endswith("| 1 |")

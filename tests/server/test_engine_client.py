@@ -19,6 +19,7 @@ import pytest
 import uvicorn
 import zmq
 import zmq.asyncio
+from prometheus_client.parser import text_string_to_metric_families
 
 from minisgl.core import Req, SamplingParams, TokenLogprob
 from minisgl.distributed import free_port
@@ -78,6 +79,53 @@ def test_stats_reply_reaches_its_waiter(ipc):
     asyncio.run(scenario())
 
 
+def test_a_message_that_cannot_be_read_is_skipped_and_routing_goes_on(ipc):
+    """The inbox is read until empty each time it wakes the loop (its descriptor wakes it only for what comes
+    after that): bytes that are no message are logged and skipped, and what came after them is still routed."""
+    async def scenario() -> None:
+        client = EngineClient(ipc, Metrics("m"))
+        router = asyncio.create_task(client.run())
+        push = outbox(zmq.Context.instance(), ipc.api)
+        push.send(b"not a pickle")
+        push.send_pyobj(Ready("scheduler", {"max_seq_len": 64}))
+        push.send_pyobj(Ready("detokenizer"))
+        await asyncio.wait_for(client.ready.wait(), 5)
+        router.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_burst_of_arrivals_lets_the_running_streams_chunks_go_first(ipc):
+    """Arrivals queued on the loop behind one another look at the inbox before their work: a running stream's
+    chunk waiting there goes out before any of them, not after the whole burst."""
+    async def scenario() -> None:
+        client = EngineClient(ipc, Metrics("m"))  # no router task: only the arrivals read the inbox
+        client.admit(1, None)
+        seq = client.submit([1, 2, 3], SamplingParams(max_tokens=9), [], 0)
+        order: list[str] = []
+
+        async def stream() -> None:
+            async for out in client.stream(seq):
+                order.append(f"chunk {out.text}")
+                if out.finish_reason:
+                    return
+
+        async def arrival(i: int) -> None:
+            await client.streams_first()
+            order.append(f"arrival {i}")
+
+        consumer = asyncio.create_task(stream())
+        await asyncio.sleep(0)  # the stream waits for its first output
+        push = outbox(zmq.Context.instance(), ipc.api)  # kept: a socket collected at once drops what it sent
+        push.send_pyobj([TextOutput(seq.rid, "a", [10], [], "length", 3, 0)])
+        assert client.inbox.poll(5000)  # the output waits in the inbox, unread
+        await asyncio.wait_for(asyncio.gather(*(arrival(i) for i in range(3)), consumer), 30)
+        assert order == ["chunk a", "arrival 0", "arrival 1", "arrival 2"]
+        assert not client.streams_due and client.open_sequences == 0
+
+    asyncio.run(scenario())
+
+
 def test_failing_all_at_shutdown_puts_the_error_before_any_unread_output(ipc):
     """Past --shutdown-timeout every sequence fails: its client's next read is the error, not the backlog of
     outputs it had not read yet (a stream sending that first could be cut by the server's exit, error-less)."""
@@ -119,6 +167,27 @@ def test_outputs_a_consumer_has_not_read_come_as_one_in_order():
         assert (out.finish_reason, out.matched_stop, out.cached_tokens, out.hidden_state) == ("stop", 12, 1, [0.2])
         assert (out.prompt_logprobs, out.scheduled_at) == (scored, 5.0)
         assert client.open_sequences == 0 and seq.completion_tokens == 3
+
+    asyncio.run(scenario())
+
+
+def test_inter_token_latencies_are_recorded_as_outputs_come_not_at_the_end():
+    """Each output after the first adds one inter-token latency to /metrics when it is routed: a long stream's
+    hundreds are not all recorded at its finish, where they held the event loop."""
+    def itl_count(client: EngineClient) -> float:
+        families = text_string_to_metric_families(client.metrics.render()[0].decode())
+        return next(s.value for f in families for s in f.samples
+                    if s.name.endswith("inter_token_latency_seconds_count"))
+
+    async def scenario() -> None:
+        client = EngineClient(IpcPaths.new(), Metrics("m"))
+        client.admit(1, None)
+        seq = client.submit([1, 2, 3], SamplingParams(max_tokens=9), [], 0)
+        for i in range(3):
+            client._route([TextOutput(seq.rid, "x", [10 + i], [], None, 3, 0)])
+        assert client.open_sequences == 1 and itl_count(client) == 2  # the first output is the TTFT
+        client._route([TextOutput(seq.rid, "", [], [], "abort", 3, 0)])
+        assert client.open_sequences == 0 and itl_count(client) == 2
 
     asyncio.run(scenario())
 

@@ -70,10 +70,11 @@ def test_cache_hit_rate_without_prompt_tokens_is_zero():
 
 def test_finished_requests_add_up():
     m = Metrics("m")
+    for _ in range(4):
+        m.observe_itl(0.2)
     m.observe_finished(prompt_tokens=10, completion_tokens=5, cached_tokens=4, ttft=0.2, e2e=1.0,
-                       itls=[0.2, 0.2, 0.2, 0.2], finish_reason="stop")
-    m.observe_finished(prompt_tokens=7, completion_tokens=1, cached_tokens=0, ttft=0.1, e2e=0.1,
-                       itls=[], finish_reason="length")
+                       finish_reason="stop")
+    m.observe_finished(prompt_tokens=7, completion_tokens=1, cached_tokens=0, ttft=0.1, e2e=0.1, finish_reason="length")
     s = samples(m)
     assert s["sglang:prompt_tokens_total"] == 17
     assert s["sglang:generation_tokens_total"] == 6
@@ -93,7 +94,7 @@ def test_finished_requests_add_up():
 def test_request_without_first_token_skips_ttft_and_tpot():
     m = Metrics("m")
     m.observe_finished(prompt_tokens=3, completion_tokens=0, cached_tokens=0, ttft=None, e2e=0.05,
-                       itls=[], finish_reason="abort")
+                       finish_reason="abort")
     s = samples(m)
     assert s["sglang:num_requests_total"] == 1
     assert s["sglang:e2e_request_latency_seconds_count"] == 1
@@ -104,8 +105,7 @@ def test_request_without_first_token_skips_ttft_and_tpot():
 def test_every_sample_carries_model_name():
     m = Metrics("org/my-model")
     m.update_scheduler(STATS)
-    m.observe_finished(prompt_tokens=4, completion_tokens=3, cached_tokens=0, ttft=0.01, e2e=0.05,
-                       itls=[0.02, 0.02], finish_reason="stop")
+    m.observe_finished(prompt_tokens=4, completion_tokens=3, cached_tokens=0, ttft=0.01, e2e=0.05, finish_reason="stop")
     body, _ = m.render()
     all_samples = [s for f in text_string_to_metric_families(body.decode()) for s in f.samples]
     assert all_samples
@@ -117,8 +117,7 @@ def test_every_sample_carries_model_name():
 def test_instances_do_not_interfere():
     a, b = Metrics("a"), Metrics("b")
     a.update_scheduler(STATS)
-    a.observe_finished(prompt_tokens=10, completion_tokens=2, cached_tokens=0, ttft=0.1, e2e=0.3,
-                       itls=[0.2], finish_reason="stop")
+    a.observe_finished(prompt_tokens=10, completion_tokens=2, cached_tokens=0, ttft=0.1, e2e=0.3, finish_reason="stop")
     sa, sb = samples(a), samples(b)
     assert sa["sglang:num_requests_total"] == 1 and sb["sglang:num_requests_total"] == 0
     assert sa["sglang:num_running_reqs"] == 3 and sb["sglang:num_running_reqs"] == 0
