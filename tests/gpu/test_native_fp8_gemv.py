@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine.test_fp8_weights import MEAN_TOL, hf_logprobs
 from helpers import make_llm
 from kernels.test_fp8_kernels import BLOCK128, GPU_SHAPES, TOL
-from test_fast_path import PARAMS, PROMPTS, assert_same_greedy
+from test_fast_path import PARAMS, PROMPTS
 
 from minisgl.kernels import native
 from minisgl.kernels.gemv import gemv
@@ -170,28 +171,31 @@ def test_decode_mlp_replayed_from_a_cuda_graph_with_programmatic_dependent_launc
                                    **TOL)
 
 
-def assert_close_decode(got, want, tol: float) -> None:
-    """Equal tokens up to the reference's first near-tie (margin under tol) and chosen-token logprobs within
-    tol of the reference's magnitude (at least 1)."""
-    for out, ref in zip(got, want):
-        for step, (g, w) in enumerate(zip(out.logprobs, ref.logprobs)):
-            if w.top[0][1] - w.top[1][1] < tol:
-                break
-            assert g.token_id == w.token_id, f"step {step}"
-            assert abs(g.logprob - w.logprob) < tol * max(1.0, abs(w.logprob)), f"step {step}"
+def decode_gap(path: str, outs) -> float:
+    """The mean distance of an engine's chosen-token logprobs from transformers' (float32 on the CPU, weights
+    dequantized, x unquantized: the project's oracle for FP8 model output), scored on its own tokens."""
+    truth = hf_logprobs(path, [prompt + out.token_ids for prompt, out in zip(PROMPTS, outs)])
+    return torch.cat([torch.tensor([lp.logprob for lp in out.logprobs]) - t[len(prompt) - 1:]
+                      for prompt, out, t in zip(PROMPTS, outs, truth)]).abs().mean().item()
 
 
 @pytest.mark.parametrize("variant", list(native.VARIANTS))
-def test_engine_decodes_as_with_the_triton_gemv(tmp_path, monkeypatch, variant):
+def test_engine_decodes_near_transformers(tmp_path, monkeypatch, variant):
     """A tiny qwen3 FP8 checkpoint (128 x 128 blocks) whose every projection the native GEMV serves, in
     bfloat16 with decode CUDA graphs, one prompt at a time (batch-1 decode: both variants serve it), with
-    MINISGL_NATIVE_GEMV=<variant> against =0 (the Triton GEMV). mma's arithmetic is the Triton GEMV's: the
-    same greedy tokens within bf16 noise. widen leaves x unquantized, which on these tiny random models moves
-    log-probabilities by the activation rounding's noise (tests/engine/test_fp8_weights.py measured up to 18%
-    of their magnitude): held to 25%."""
+    MINISGL_NATIVE_GEMV=<variant> and =0 (the Triton GEMV), each against transformers within
+    test_fp8_weights.py's MEAN_TOL. The Triton path rounds x to e4m3 in every projection; mma does too (other
+    elements round the other way: as far from transformers as the Triton path); widen leaves x unquantized
+    in decode, so it must be the nearer of the two (prefill's GEMM still rounds x into the KV cache). The two
+    engines are not compared with each other: their e4m3 roundings differ, which on these tiny random models
+    moves a logprob by up to 0.4 (seen on an H200) with the same tokens. Emulated on the CPU in bfloat16 for
+    six seeds of this model (the Triton path's arithmetic, widen's without x's rounding for 1-2 rows, mma's
+    with x times its scale's reciprocal for up to 8), the mean gaps were: Triton 0.20-0.24, mma 0.19-0.28
+    (0.8-1.4x Triton's), widen 0.08-0.13 (0.34-0.57x Triton's); a wrong scale or layout moves them by far
+    more than MEAN_TOL (0.5)."""
     path = str(make_tiny_model(tmp_path / "fp8", "qwen3", fp8_block=128, hidden_size=256, intermediate_size=384,
                                head_dim=64, num_attention_heads=4, num_key_value_heads=2))
-    outs = {}
+    gaps = {}
     for flag in ("0", variant):
         monkeypatch.setenv("MINISGL_NATIVE_GEMV", flag)
         engine = make_llm(path, dtype="bfloat16")
@@ -203,9 +207,9 @@ def test_engine_decodes_as_with_the_triton_gemv(tmp_path, monkeypatch, variant):
             x = torch.zeros(1, layer.weight.shape[1] * (2 if silu_mul else 1), dtype=torch.bfloat16, device="cuda")
             assert native.fp8_gemv_rejects(x, layer.weight, layer.weight_scale_inv, layer.quant, silu_mul=silu_mul,
                                            variant=variant) is None, name
-        outs[flag] = [engine.generate([prompt], PARAMS)[0] for prompt in PROMPTS]
+        outs = [engine.generate([prompt], PARAMS)[0] for prompt in PROMPTS]
         engine.shutdown()
-    if variant == "mma":
-        assert_same_greedy(outs[variant], outs["0"])
-    else:
-        assert_close_decode(outs[variant], outs["0"], 0.25)
+        gaps[flag] = decode_gap(path, outs)
+    assert gaps["0"] < MEAN_TOL and gaps[variant] < MEAN_TOL, gaps
+    if variant == "widen":
+        assert gaps["widen"] < gaps["0"], gaps
