@@ -53,10 +53,28 @@ class Variant:
 
 VARIANTS = {"mma": Variant(0, 8, (16, 32)), "widen": Variant(1, 2, (8, 16))}
 
-# (M, N, K) -> (variant, rows per CTA), for the FP8 projections and batch sizes where `python benchmarks/fp8.py
-# --rows 1 2 8` measured a native variant faster than the Triton GEMV. Empty until a GPU has measured it (the
-# kernels have not yet run): every decode batch keeps the Triton GEMV.
-NATIVE_FP8_GEMV: dict[tuple[int, int, int], tuple[str, int]] = {}
+# (M, N, K) -> (variant, rows per CTA): the qwen3-8b FP8 projections (TP 1) and batch sizes where `python
+# benchmarks/fp8.py --rows 1 2 8 --replays 3` measured a native variant faster than the Triton GEMV in the same
+# run (down with SiLU-and-mul inside, as the model runs it), on an NVIDIA H200, branch csrc f0b252a, whose
+# GPU tests then passed for widen. widen only: at 1 row it is the clear win (W2 qwen3-8b 3.21 ms/token against
+# the Triton GEMV's 3.93), at 2 rows only for o and down (with all four projections in widen the step was no
+# faster than Triton's: 3,049 against 3,020 us). mma's rows (qkv and gate_up at 2 and 8 rows, o at 8) are left
+# out: no whole step ran faster with it (3,256-3,535 us against 3,020-3,049 at 2 and 8 rows, down with SiLU
+# the slowest part; W2 at 1 row 4.21 ms against 3.93), so it stays behind MINISGL_NATIVE_GEMV=mma.
+NATIVE_FP8_GEMV: dict[tuple[int, int, int], tuple[str, int]] = {
+    # NVIDIA H200 qwen3-8b TP1 qkv M=1: 8.4 us against the Triton GEMV's 12.7
+    (1, 6144, 4096): ("widen", 8),
+    # NVIDIA H200 qwen3-8b TP1 o M=1: 5.4 us against the Triton GEMV's 10.5
+    (1, 4096, 4096): ("widen", 16),
+    # NVIDIA H200 qwen3-8b TP1 o M=2: 7.5 us against the Triton GEMV's 11.0
+    (2, 4096, 4096): ("widen", 16),
+    # NVIDIA H200 qwen3-8b TP1 gate_up M=1: 27.8 us against the Triton GEMV's 36.5
+    (1, 24576, 4096): ("widen", 16),
+    # NVIDIA H200 qwen3-8b TP1 down M=1: 14.5 us against the Triton GEMV's 28.7
+    (1, 4096, 12288): ("widen", 16),
+    # NVIDIA H200 qwen3-8b TP1 down M=2: 24.8 us against the Triton GEMV's 29.3
+    (2, 4096, 12288): ("widen", 16),
+}
 
 
 def find_nvcc() -> str | None:
@@ -139,14 +157,16 @@ def fp8_gemv_rejects(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, conf
 
 
 def default_variant(m: int) -> str:
-    """The variant for m rows when none was measured: widen while it serves (mma's 8-column tile would be
-    mostly padding), then mma. Unmeasured."""
+    """The variant for m rows where NATIVE_FP8_GEMV has no row (MINISGL_NATIVE_GEMV=1, direct calls): widen while
+    it serves (mma's 8-column tile would be mostly padding; widen was the faster at 1 row on the H200), then
+    mma."""
     return "widen" if m <= VARIANTS["widen"].max_m else "mma"
 
 
 def rows_per_cta(variant: str, n: int) -> int:
-    """Output rows per CTA: the variant's bigger height halves the re-reads of x (and of its SiLU), the smaller
-    doubles the CTAs of small layers. Unmeasured: the bigger wherever that still makes two CTAs per SM."""
+    """Output rows per CTA where NATIVE_FP8_GEMV has no row: the variant's bigger height halves the re-reads of
+    x (and of its SiLU), the smaller doubles the CTAs of small layers; the bigger wherever that still makes two
+    CTAs per SM. A guess: the H200's widen rows at 1 row preferred 16 for N = 4096 and 8 for N = 6144."""
     small, big = VARIANTS[variant].rows
     return big if n >= big * 2 * SMS else small
 

@@ -76,12 +76,12 @@ def test_fp8_layers_fall_back_on_the_cpu_with_the_native_gemv_forced(monkeypatch
 
 
 def test_dispatch_follows_the_table_and_the_environment(monkeypatch):
-    """NATIVE_FP8_GEMV picks per (M, N, K) (empty: the Triton GEMV everywhere); MINISGL_NATIVE_GEMV=1 takes
+    """NATIVE_FP8_GEMV picks per (M, N, K) (a shape it lacks: the Triton GEMV); MINISGL_NATIVE_GEMV=1 takes
     widen up to its 2 rows and mma up to 8, =mma / =widen only that variant where it serves, =0 nothing."""
     monkeypatch.delenv("MINISGL_NATIVE_GEMV", raising=False)
-    assert native.chosen(1, 4096, 4096) is None
-    monkeypatch.setitem(native.NATIVE_FP8_GEMV, (1, 4096, 4096), ("mma", 16))
-    assert native.chosen(1, 4096, 4096) == ("mma", 16) and native.chosen(2, 4096, 4096) is None
+    assert native.chosen(1, 4096, 4096) == ("widen", 16) and native.chosen(8, 4096, 4096) is None
+    monkeypatch.setitem(native.NATIVE_FP8_GEMV, (8, 4096, 4096), ("mma", 16))
+    assert native.chosen(8, 4096, 4096) == ("mma", 16)
     monkeypatch.setenv("MINISGL_NATIVE_GEMV", "1")
     assert [native.chosen(m, 4096, 4096) for m in (1, 2, 3, 8, 9)] == \
         [("widen", 8), ("widen", 8), ("mma", 16), ("mma", 16), None]
@@ -92,6 +92,16 @@ def test_dispatch_follows_the_table_and_the_environment(monkeypatch):
     assert native.chosen(1, 4096, 4096) == ("mma", 16)
     monkeypatch.setenv("MINISGL_NATIVE_GEMV", "0")
     assert native.chosen(1, 4096, 4096) is None
+
+
+def test_the_measured_table_names_only_what_its_variants_serve():
+    """Every NATIVE_FP8_GEMV row is a variant that takes its M rows, at one of its CTA heights, for a K in whole
+    128-column groups: a row pasted wrong would send that shape to the Triton GEMV unnoticed (try_fp8_gemv
+    falls back on a rejection) or fail at launch."""
+    assert native.NATIVE_FP8_GEMV
+    for (m, n, k), (variant, rows) in native.NATIVE_FP8_GEMV.items():
+        assert variant in native.VARIANTS and 1 <= m <= native.VARIANTS[variant].max_m, (m, n, k)
+        assert rows in native.VARIANTS[variant].rows and k % native.GROUP == 0 and n > 0, (m, n, k)
 
 
 def test_operands_it_does_not_serve_are_named():
