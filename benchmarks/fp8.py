@@ -10,10 +10,11 @@
                                                              # (=widen / =mma: only that variant)
 
 The sweep's winners replace the tables in memory before the comparison runs, so its figures are the
-tuned ones. Timed as benchmarks/gemv.py times (CUDA-graph replay, the weight cycled through copies so
-that each call reads it from HBM). Block-scaled weights (128 x 128), as Qwen/Qwen3-8B-FP8. The FP8 GEMM's
-time includes its activation-quantization launch. At 16 rows, the most that FP8 layers send to the GEMV, the
-GEMM's time is printed too (the reason for the routing).
+tuned ones. Each projection is timed as the model runs it (down with SiLU-and-mul inside), and the bf16 LM
+head (FP8 checkpoints keep it in bf16) after them. Timed as benchmarks/gemv.py times (CUDA-graph replay,
+the weight cycled through copies so that each call reads it from HBM). Block-scaled weights (128 x 128), as
+Qwen/Qwen3-8B-FP8. The FP8 GEMM's time includes its activation-quantization launch. At 16 rows, the most
+that FP8 layers send to the GEMV, the GEMM's time is printed too (the reason for the routing).
 
 `--chain` times what a decode step runs around attention, layer after layer as the model does (each layer's
 own weights, so that every read comes from HBM): add+RMSNorm, qkv, o (on qkv's first columns), add+RMSNorm,
@@ -218,15 +219,16 @@ def main() -> None:
             fp8, fp8_calls = rotated(wq)
             for m in args.rows:
                 x = xs[m][:, :k]
-                t_bf16 = time_per_call(lambda: linear(x, next(bf16)), calls, args.replays)
-                t_fp8 = time_per_call(lambda: fp8_linear(x, next(fp8), scale, BLOCK), fp8_calls, args.replays)
+                # every GEMV as the model runs it: down with SiLU-and-mul inside (x is [gate | up])
+                silu = layer == "down"
+                xg = torch.randn(m, 2 * k, device="cuda", generator=gen).bfloat16() if silu else x
+                t_bf16 = time_per_call(lambda: linear(xg, next(bf16), silu_mul=silu), calls, args.replays)
+                t_fp8 = time_per_call(lambda: fp8_linear(xg, next(fp8), scale, BLOCK, silu_mul=silu), fp8_calls,
+                                      args.replays)
                 t_gemm = time_per_call(lambda: fp8_gemm(x, next(fp8), scale, BLOCK), fp8_calls, args.replays) \
                     if 16 <= m <= BLOCK_M else 0.0
                 for i, t in enumerate((t_bf16, t_fp8, t_gemm)):
                     step[m][i] += dims.layers * t
-                # the native and Triton GEMVs as the model runs them: down with SiLU-and-mul inside
-                silu = layer == "down"
-                xg = torch.randn(m, 2 * k, device="cuda", generator=gen).bfloat16() if silu else x
                 t_native = {(variant, rows): time_per_call(
                     lambda: native.fp8_gemv(xg, next(fp8), scale, BLOCK, silu_mul=silu, variant=variant, rows=rows,
                                             pdl=minisgl.kernels.use_pdl(cuda)), fp8_calls, args.replays)
@@ -247,6 +249,12 @@ def main() -> None:
                         native_rows.append(f"    # {device} qwen3-8b TP1 {layer} M={m}: {t:.1f} us against the "
                                            f"Triton GEMV's {t_triton:.1f}\n    ({m}, {n}, {k}): "
                                            f"({variant!r}, {rows}),")
+        # the LM head, bf16 in FP8 checkpoints: after the projections, a decode step's largest weight read
+        n, k = shapes(dims, 1)["lm_head"]
+        head, calls = rotated(torch.randn(n, k, device="cuda", generator=gen).div_(k**0.5).bfloat16())
+        for m in args.rows:
+            t = time_per_call(lambda: linear(xs[m][:, :k], next(head)), calls, args.replays)
+            print(f"lm_head  {n:>6} {k:>6} M={m:<5} bf16 {t:>8.1f}  GB/s {n * k * 2 / t / 1e3:>5.0f}", flush=True)
     print(f"\n{device}: step = 4 projections x {dims.layers} layers, us")
     print("| M | bf16 | FP8 | bf16 / FP8 | FP8 GEMM instead of the GEMV | native GEMV "
           + ", ".join(f"{v}/{r}" for v, r in candidates) + " |\n|---|---|---|---|---|---|")
