@@ -55,13 +55,14 @@ VARIANTS = {"mma": Variant(0, 8, (16, 32)), "widen": Variant(1, 2, (8, 16))}
 
 # (M, N, K) -> (variant, rows per CTA): the qwen3-8b FP8 projections (TP 1) and batch sizes where `python
 # benchmarks/fp8.py --rows 1 2 8 --replays 3` measured a native variant faster than the Triton GEMV in the same
-# run (down with SiLU-and-mul inside, as the model runs it), on an NVIDIA H200, branch csrc f0b252a, whose
-# GPU tests then passed for widen. widen only: at 1 row it is the clear win (W2 qwen3-8b 3.21 ms/token against
-# the Triton GEMV's 3.93), at 2 rows only for o and down (with all four projections in widen the step was no
-# faster than Triton's: 3,049 against 3,020 us). mma's rows (qkv and gate_up at 2 and 8 rows, o at 8) are left
-# out, the step preferred over the rows: its step sums at 2 and 8 rows (3,256-3,535 us) were above the Triton
-# column's (3,020-3,049, though that column timed down without SiLU-and-mul inside) and W2 at 1 row ran
-# 4.21 ms against 3.93; until a step with mma measures faster, it stays behind MINISGL_NATIVE_GEMV=mma.
+# run (down with SiLU-and-mul inside, as the model runs it), on an NVIDIA H200, branch csrc f0b252a (there all
+# kernel tests passed; the engine tests were held to the wrong oracle, now transformers). widen only: at 1 row
+# it is the clear win (W2 qwen3-8b 3.21 ms/token against the Triton GEMV's 3.93), at 2 rows only for o and
+# down (with all four projections in widen the step was no faster than Triton's: 3,049 against 3,020 us).
+# mma's rows (qkv and gate_up at 2 and 8 rows, o at 8) are left out, the step preferred over the rows: its
+# step sums at 2 and 8 rows (3,256-3,535 us) were above the Triton column's (3,020-3,049, though that column
+# timed down without SiLU-and-mul inside) and W2 at 1 row ran 4.21 ms against 3.93; until a step with mma
+# measures faster, it stays behind MINISGL_NATIVE_GEMV=mma.
 NATIVE_FP8_GEMV: dict[tuple[int, int, int], tuple[str, int]] = {
     # NVIDIA H200 qwen3-8b TP1 qkv M=1: 8.4 us against the Triton GEMV's 12.7
     (1, 6144, 4096): ("widen", 8),
