@@ -20,8 +20,8 @@ A negative part means the earlier chunk was the one held at that stage (a late c
 A gap is long above `--threshold-ms`, by default each level's p99. Per level: how many long gaps; each part's mean
 over the long gaps, its share of their time, its mean over all gaps, and how many long gaps it is the cause of (the
 part that exceeds its all-gaps mean the most); how often a long gap's ticks held a step of each kind (or the gap
-before it was long too), against how often any gap's did; and on CUDA the device span of the steps read in a gap's
-ticks.
+before it was long too, or a garbage collection ran in them), against how often any gap's did; on CUDA the device
+span of the steps read in a gap's ticks; and the scheduler's garbage-collection time in them.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ class Gap:
     flags: set[str] = field(default_factory=set)  # what its ticks held (see `window`)
     prefill_tokens: int = 0  # the most any step read in its ticks carried
     device_ms: float | None = None  # the device spans of the steps read in its ticks (CUDA only)
+    gc_ms: float = 0.0  # the scheduler's garbage collections in its ticks
     previous_ms: float | None = None  # the request's gap before this one
 
 
@@ -108,6 +109,9 @@ class Trace:
                 gap.flags.add("requests arrived")
             if tick["retracted"]:
                 gap.flags.add("retraction")
+            if tick.get("gc_gen", -1) >= 0:  # older traces have no gc fields
+                gap.flags.add(f"a gen-{tick['gc_gen']} garbage collection")
+                gap.gc_ms += tick["gc_ms"]
 
 
 def ms(seconds: float | None) -> float:
@@ -173,6 +177,10 @@ def report(streams: int, gaps: list[Gap], threshold_ms: float | None) -> str:
     if spans[0] and spans[1]:
         lines.append(f"\ndevice span of the steps read in a gap's ticks, mean: long gaps {mean(spans[0]):.2f} ms, "
                      f"all gaps {mean(spans[1]):.2f} ms")
+    if any(g.gc_ms for g in gaps):
+        collected = [mean([g.gc_ms for g in group]) for group in (long, gaps)]
+        lines.append(f"\nscheduler garbage collection in a gap's ticks, mean: long gaps {collected[0]:.2f} ms, "
+                     f"all gaps {collected[1]:.2f} ms")
     return "\n".join(lines)
 
 

@@ -7,7 +7,9 @@ Linux. `StepTrace` writes FILE on the scheduler's TP leader, one JSON line per t
 - `t` (the tick's start); since then, in seconds: `build_s` (messages applied and its batch built), `launch_s`
   (the batch enqueued), `wait_from_s` and `read_s` (the host began to wait for a step's result, and had it: the
   difference is the time it blocked on the device), `tick_s` (the tick's end); on a server, a line `{"sent": T}`
-  follows when the tick had outputs: when they were handed to the detokenizer's socket;
+  follows when the tick had outputs: when they were handed to the detokenizer's socket; `gc_ms` and `gc_gen`:
+  the time Python's cyclic garbage collector ran in the tick (a pause of the host wherever it struck) and the
+  oldest generation it collected (-1: none);
 - the requests that arrived (`added`: [rid, prompt length]) and how many were retracted (`retracted`);
 - the launched step: `step` (its number, or None), `decodes`, `chunks` ([rid, tokens] of its prefill part), `kind`
   (`graph`: a whole decode CUDA graph; `pieces`: piecewise graphs around eager attention; `eager`) and `bucket`
@@ -23,9 +25,11 @@ benchmarks/ttft_trace.py and itl_trace.py join these to the client's timestamps.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
+import weakref
 from typing import TextIO
 
 import torch
@@ -46,6 +50,17 @@ class StepTrace:
         self.numbers: dict[int, list] = {}  # id(batch) -> [step number, start event, end event] (events: CUDA only)
         self.tick: dict = {}  # this tick's launch and read, so far
         self.wrote = False  # a line for the last tick (so its send is worth a line)
+        self.gc_began = 0.0
+        collecting = weakref.WeakMethod(self._collecting)  # a finished engine's trace is not kept alive by gc
+        gc.callbacks.append(lambda phase, info: (method := collecting()) and method(phase, info))
+
+    def _collecting(self, phase: str, info: dict) -> None:
+        """gc's callback around every collection: its time and generation go to the tick it falls in."""
+        if phase == "start":
+            self.gc_began = time.monotonic()
+            return
+        self.tick["gc_ms"] = self.tick.get("gc_ms", 0.0) + 1000 * (time.monotonic() - self.gc_began)
+        self.tick["gc_gen"] = max(self.tick.get("gc_gen", -1), info["generation"])
 
     @classmethod
     def from_env(cls, is_leader: bool, device: torch.device) -> StepTrace | None:
@@ -98,7 +113,8 @@ class StepTrace:
             "step": tick.get("step"), "kind": tick.get("kind"), "bucket": tick.get("bucket"),
             "decodes": len(batch.reqs) - len(chunks) if batch else 0, "chunks": chunks,
             "read": tick.get("read"), "device_ms": tick.get("device_ms"),
-            "got": [r.rid for r in got], "first": [r.rid for r in got if len(r.output_ids) == 1]})
+            "got": [r.rid for r in got], "first": [r.rid for r in got if len(r.output_ids) == 1],
+            "gc_ms": round(tick.get("gc_ms", 0.0), 3), "gc_gen": tick.get("gc_gen", -1)})
 
     def sent(self) -> None:
         """The last tick's outputs are being sent to the detokenizer (just before: the detokenizer's own stamp for

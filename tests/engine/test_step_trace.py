@@ -95,3 +95,37 @@ def test_itl_trace_places_a_client_delay_and_the_mixed_steps(tiny_models, tmp_pa
     table = report(1, gaps, threshold_ms=4000)  # no step of this tiny model takes seconds
     assert "1 of 7 gaps above 4000.00 ms" in table
     assert "| to_client | 5000.00 | " in table and table.split("| to_client |")[1].split("\n")[0].endswith("| 1 |")
+
+
+def test_trace_puts_a_garbage_collection_in_the_tick_it_paused(tiny_models, tmp_path, monkeypatch):
+    """A full collection forced while one step is enqueued shows in that step's tick, with its generation and
+    time, and in no other (automatic collection is off meanwhile; a young-generation one may still run)."""
+    import gc
+
+    from minisgl.engine.engine import Engine
+
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("MINISGL_STEP_TRACE", str(path))
+    llm = LLM(tiny_models["qwen3"], device=DEVICE, dtype="float32", num_pages=1024, cuda_graph_max_bs=8)
+    forward, steps = Engine.forward, []
+
+    def forward_collecting_once(engine, batch):
+        steps.append(llm.scheduler.trace.steps - 1)  # the trace numbered this step just before
+        if len(steps) == 3:
+            gc.collect()
+        return forward(engine, batch)
+
+    monkeypatch.setattr(Engine, "forward", forward_collecting_once)
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=6, ignore_eos=True))
+    finally:
+        if was_enabled:
+            gc.enable()
+        llm.shutdown()
+    ticks = [json.loads(line) for line in path.read_text().splitlines() if '"step"' in line]
+    ticks = [t for t in ticks if t["step"] in steps]  # this generate's, not the warm-up's
+    collected = [t for t in ticks if t["gc_gen"] == 2]
+    assert len(ticks) == len(steps) and [t["step"] for t in collected] == [steps[2]]
+    assert collected[0]["gc_ms"] > 0
