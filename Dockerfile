@@ -38,6 +38,9 @@ RUN pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "${TORCH}"
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY minisgl ./minisgl
+# csrc/ (the CUDA C++ FP8 decode GEMVs) is not built here: the CUDA runtime base has no nvcc. minisgl then
+# serves FP8 with its Triton kernels, silently; a library built elsewhere (python -m minisgl.tools.build_csrc)
+# can be mounted and named by MINISGL_CSRC_LIB.
 # `.` is this repository, not a registry package (DL3013 mistakes it for one).
 # hadolint ignore=DL3013
 RUN pip install --no-cache-dir . && python -c "import minisgl, torch; print('torch', torch.__version__)"

@@ -6,17 +6,25 @@
     python benchmarks/fp8.py --sweep --write   # ... and rewrites gemv.FP8_CONFIGS and fp8.FP8_GEMM_CONFIGS
     python benchmarks/fp8.py --rows 1 8        # only these batch sizes
     python benchmarks/fp8.py --chain           # a decode step's projections and norms, all 36 layers
+    MINISGL_NATIVE_GEMV=1 python benchmarks/fp8.py --chain   # ... with csrc's GEMV for the FP8 projections
+                                                             # (=widen / =mma: only that variant)
 
 The sweep's winners replace the tables in memory before the comparison runs, so its figures are the
-tuned ones. Timed as benchmarks/gemv.py times (CUDA-graph replay, the weight cycled through copies so
-that each call reads it from HBM). Block-scaled weights (128 x 128), as Qwen/Qwen3-8B-FP8. The FP8 GEMM's
-time includes its activation-quantization launch. At 16 rows, the most that FP8 layers send to the GEMV, the
-GEMM's time is printed too (the reason for the routing).
+tuned ones. Each projection is timed as the model runs it (down with SiLU-and-mul inside), and the bf16 LM
+head (FP8 checkpoints keep it in bf16) after them. Timed as benchmarks/gemv.py times (CUDA-graph replay,
+the weight cycled through copies so that each call reads it from HBM). Block-scaled weights (128 x 128), as
+Qwen/Qwen3-8B-FP8. The FP8 GEMM's time includes its activation-quantization launch. At 16 rows, the most
+that FP8 layers send to the GEMV, the GEMM's time is printed too (the reason for the routing).
 
 `--chain` times what a decode step runs around attention, layer after layer as the model does (each layer's
 own weights, so that every read comes from HBM): add+RMSNorm, qkv, o (on qkv's first columns), add+RMSNorm,
 gate_up, SiLU-and-mul, down; bf16 and FP8, with SiLU-and-mul as its own launch or inside down's GEMV, and with
 programmatic dependent launch off and on.
+
+Where csrc's CUDA GEMVs are built (`python -m minisgl.tools.build_csrc`) and the GPU is a Hopper, each
+variant's time at each of its CTA heights (mma/16, mma/32 up to 8 rows; widen/8, widen/16 up to 2) is printed
+beside the Triton GEMV's at the batch sizes it serves (down with SiLU-and-mul inside, as the model runs it),
+with the rows of `native.NATIVE_FP8_GEMV` for the (M, N, K) where the fastest of them beat the Triton GEMV.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from triton.runtime.errors import OutOfResources
 import minisgl.kernels
 from minisgl.kernels import fp8 as fp8_kernels
 from minisgl.kernels import gemv as gemv_kernels
+from minisgl.kernels import native
 from minisgl.kernels.fp8 import FP8_GEMM_CONFIGS, Fp8GemmConfig, fp8_gemm, pick_config
 from minisgl.kernels.gemv import BLOCK_M, FP8_CONFIGS, GemvConfig, default_config, gemv
 from minisgl.kernels.norm import add_rms_norm
@@ -196,26 +205,65 @@ def main() -> None:
             print(f"rewrote FP8_CONFIGS in {gemv_kernels.__file__} and FP8_GEMM_CONFIGS in {fp8_kernels.__file__}")
 
         step = {m: [0.0, 0.0, 0.0] for m in args.rows}  # bf16, FP8, FP8 GEMM where the GEMV serves FP8
+        cuda = torch.device("cuda", torch.cuda.current_device())
+        why_not = native.unavailable(cuda)
+        candidates = [(variant, rows) for variant, v in native.VARIANTS.items() for rows in v.rows]
+        print(f"native GEMV: {why_not or 'built, timed as ' + ', '.join(f'{v}/{r}' for v, r in candidates)}")
+        # (m, (variant, rows)) -> us per step, for the batch sizes each variant serves
+        native_step = {(m, c): 0.0 for m in args.rows for c in candidates
+                       if not why_not and m <= native.VARIANTS[c[0]].max_m}
+        native_rows = []  # NATIVE_FP8_GEMV's rows to paste
         for layer, (n, k) in layers.items():
             w, wq, scale = weights[layer]
             bf16, calls = rotated(w)
             fp8, fp8_calls = rotated(wq)
             for m in args.rows:
                 x = xs[m][:, :k]
-                t_bf16 = time_per_call(lambda: linear(x, next(bf16)), calls, args.replays)
-                t_fp8 = time_per_call(lambda: fp8_linear(x, next(fp8), scale, BLOCK), fp8_calls, args.replays)
+                # every GEMV as the model runs it: down with SiLU-and-mul inside (x is [gate | up])
+                silu = layer == "down"
+                xg = torch.randn(m, 2 * k, device="cuda", generator=gen).bfloat16() if silu else x
+                t_bf16 = time_per_call(lambda: linear(xg, next(bf16), silu_mul=silu), calls, args.replays)
+                t_fp8 = time_per_call(lambda: fp8_linear(xg, next(fp8), scale, BLOCK, silu_mul=silu), fp8_calls,
+                                      args.replays)
                 t_gemm = time_per_call(lambda: fp8_gemm(x, next(fp8), scale, BLOCK), fp8_calls, args.replays) \
                     if 16 <= m <= BLOCK_M else 0.0
                 for i, t in enumerate((t_bf16, t_fp8, t_gemm)):
                     step[m][i] += dims.layers * t
+                t_native = {(variant, rows): time_per_call(
+                    lambda: native.fp8_gemv(xg, next(fp8), scale, BLOCK, silu_mul=silu, variant=variant, rows=rows,
+                                            pdl=minisgl.kernels.use_pdl(cuda)), fp8_calls, args.replays)
+                    for (m_, (variant, rows)) in native_step if m_ == m}
+                for c, t in t_native.items():
+                    native_step[m, c] += dims.layers * t
                 kernel = "gemv" if m <= BLOCK_M else f"gemm {pick_config(m, n, k)}"
                 print(f"{layer:<8} {n:>6} {k:>6} M={m:<5} bf16 {t_bf16:>8.1f}  fp8 {t_fp8:>8.1f}  "
                       f"{t_bf16 / t_fp8:.2f}x  fp8 GB/s {wq.nbytes / t_fp8 / 1e3:>5.0f}"
-                      + (f"  (gemm {t_gemm:.1f})" if t_gemm else "") + f"  [{kernel}]", flush=True)
+                      + (f"  (gemm {t_gemm:.1f})" if t_gemm else "") + f"  [{kernel}]"
+                      + "".join(f"  {v}/{r} {t:.1f} ({wq.nbytes / t / 1e3:.0f} GB/s)"
+                                for (v, r), t in t_native.items()), flush=True)
+                if t_native:  # against the Triton GEMV itself (the FP8 column is the layers' dispatch)
+                    t_triton = time_per_call(lambda: gemv(xg, next(fp8), scale=scale, fp8=BLOCK, silu_mul=silu),
+                                             fp8_calls, args.replays)
+                    (variant, rows), t = min(t_native.items(), key=lambda item: item[1])
+                    if t < t_triton:
+                        native_rows.append(f"    # {device} qwen3-8b TP1 {layer} M={m}: {t:.1f} us against the "
+                                           f"Triton GEMV's {t_triton:.1f}\n    ({m}, {n}, {k}): "
+                                           f"({variant!r}, {rows}),")
+        # the LM head, bf16 in FP8 checkpoints: after the projections, a decode step's largest weight read
+        n, k = shapes(dims, 1)["lm_head"]
+        head, calls = rotated(torch.randn(n, k, device="cuda", generator=gen).div_(k**0.5).bfloat16())
+        for m in args.rows:
+            t = time_per_call(lambda: linear(xs[m][:, :k], next(head)), calls, args.replays)
+            print(f"lm_head  {n:>6} {k:>6} M={m:<5} bf16 {t:>8.1f}  GB/s {n * k * 2 / t / 1e3:>5.0f}", flush=True)
     print(f"\n{device}: step = 4 projections x {dims.layers} layers, us")
-    print("| M | bf16 | FP8 | bf16 / FP8 | FP8 GEMM instead of the GEMV |\n|---|---|---|---|---|")
+    print("| M | bf16 | FP8 | bf16 / FP8 | FP8 GEMM instead of the GEMV | native GEMV "
+          + ", ".join(f"{v}/{r}" for v, r in candidates) + " |\n|---|---|---|---|---|---|")
     for m, (t_bf16, t_fp8, t_gemm) in step.items():
-        print(f"| {m} | {t_bf16:,.0f} | {t_fp8:,.0f} | {t_bf16 / t_fp8:.2f}x | {f'{t_gemm:,.0f}' if t_gemm else ''} |")
+        ours = " / ".join(f"{native_step[m, c]:,.0f}" if (m, c) in native_step else "-" for c in candidates)
+        print(f"| {m} | {t_bf16:,.0f} | {t_fp8:,.0f} | {t_bf16 / t_fp8:.2f}x | {f'{t_gemm:,.0f}' if t_gemm else ''} "
+              f"| {ours if native_step else ''} |")
+    if native_step:
+        print("\nNATIVE_FP8_GEMV rows (minisgl/kernels/native.py):\n" + "\n".join(native_rows or ["    (none faster)"]))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,11 @@
 #  1. the programmatic-dependent-launch test (a decode chain replayed from a CUDA graph); if it fails, the
 #     rest runs with MINISGL_PDL=0;
 #  2. the offline workloads, SPECS: engine:model:workloads:need (workloads comma-separated, run on one engine;
-#     need: the seconds it is expected to take, skipped when fewer are left). Engine `vllm` runs
+#     need: the seconds it is expected to take, skipped when fewer are left). This script builds csrc's FP8
+#     GEMVs first, so engine `minisgl` takes them where native.NATIVE_FP8_GEMV says; `minisgl-triton` never
+#     (MINISGL_NATIVE_GEMV=0), `minisgl-native` for every shape they serve (=1: widen for 1-2 rows, mma for
+#     3-8), `minisgl-native-widen` / `minisgl-native-mma` only that variant (MINISGL_NATIVE_GEMV=widen|mma).
+#     Engine `vllm` runs
 #     benchmarks/vllm_offline.py with vLLM 0.26.0 installed from the chunks that earlier calls carried
 #     ($HOME/peer/chunks, see ../shared/bench/PEER.md) and PEER (the .peer/c6 folder: the wheel's checksum and
 #     vLLM's dependencies), VLLM_USE_DEEP_GEMM=0 (its CUTLASS block-scaled FP8 GEMM: DeepGEMM's JIT warm-up
@@ -40,6 +44,7 @@ if [ "${SWEEP:-0}" = 1 ]; then
   cp minisgl/kernels/gemv.py minisgl/kernels/fp8.py "$out/"
 fi
 
+log "csrc build: $(python3 -m minisgl.tools.build_csrc 2>&1 | tail -1)"
 vllm_ready=0 PEER=${PEER:-.peer/c6}
 for spec in ${SPECS:-minisgl:qwen3-8b-fp8:w2,w1:80 minisgl:qwen3-8b:w2:45 minisgl:qwen3-30b-a3b-fp8:w2,w1:100}; do
   IFS=: read -r engine model workloads need <<< "$spec"
@@ -55,8 +60,14 @@ for spec in ${SPECS:-minisgl:qwen3-8b-fp8:w2,w1:80 minisgl:qwen3-8b:w2:45 minisg
     env PYTHONPATH="$HOME/peer/site:$PWD/benchmarks" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0 \
       VLLM_USE_DEEP_GEMM=0 timeout $((budget - SECONDS)) python3 benchmarks/vllm_offline.py \
       --config ".bench_models/$model.json" --workload "$workloads" >> "$out/vllm.log" 2>&1
-  else
-    timeout $((budget - SECONDS)) python3 benchmarks/offline.py --config ".bench_models/$model.json" \
+  else  # engine minisgl[-triton|-native[-variant]]: which FP8 GEMVs serve decode (see above)
+    native=()
+    case "$engine" in
+      minisgl-triton) native=(MINISGL_NATIVE_GEMV=0) ;;
+      minisgl-native) native=(MINISGL_NATIVE_GEMV=1) ;;
+      minisgl-native-*) native=(MINISGL_NATIVE_GEMV="${engine#minisgl-native-}") ;;
+    esac
+    env "${native[@]}" timeout $((budget - SECONDS)) python3 benchmarks/offline.py --config ".bench_models/$model.json" \
       --workload "$workloads" >> "$out/bench.log" 2>&1
   fi
   log "$spec: exit $?"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import statistics
@@ -119,6 +120,7 @@ def main() -> None:
                         help="auto: --dtype; fp8: a float8_e4m3fn KV cache")
     args = parser.parse_args()
     from minisgl import LLM
+    from minisgl.kernels import native
 
     start = time.perf_counter()
     llm = LLM(model_dir(args.config), dtype=args.dtype, dummy_weights=True, attention_backend=args.attn,
@@ -135,7 +137,8 @@ def main() -> None:
         print(json.dumps({"model": Path(args.config).stem, "tp": args.tp, "attn": args.attn,
                           "graphs": args.cuda_graph_max_bs, "overlap": not args.no_overlap, "kv": args.kv_cache_dtype,
                           "kv_tokens": kv_tokens, "ready_s": round(ready, 1),
-                          **result}), flush=True)
+                          "native_gemv": os.environ.get("MINISGL_NATIVE_GEMV", "table"),
+                          "csrc_built": native.library_path().exists(), **result}), flush=True)
     llm.shutdown()
 
 

@@ -22,6 +22,7 @@ from minisgl.quantization import Fp8Config
 if TRITON_AVAILABLE:
     from minisgl.kernels.fp8 import fp8_gemm
     from minisgl.kernels.gemv import BLOCK_M, gemv, use_gemv
+    from minisgl.kernels.native import try_fp8_gemv
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -40,9 +41,11 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, confi
     """x W^T (+ b) for e4m3 W: on a GPU the split-K GEMV up to its 16 rows, else the FP8 GEMM; elsewhere
     their torch reference. On an H100 (benchmarks/fp8.py, tuned tables) qwen3-8b's four projections took
     3.2 ms per decode step in the GEMV at 16 rows and 4.5 ms in the GEMM. With `silu_mul`, x is a merged
-    [gate | up] projection and silu_and_mul(x) is multiplied (inside the GEMV where it runs)."""
+    [gate | up] projection and silu_and_mul(x) is multiplied (inside the GEMV where it runs). Decode batches
+    take csrc's CUDA GEMV first where `minisgl.kernels.native` chooses it and has it built."""
     if use_triton(x) and x.dim() == 2 and x.shape[0] <= BLOCK_M:
-        return gemv(x, weight, bias, scale=scale, fp8=config, silu_mul=silu_mul)
+        out = try_fp8_gemv(x, weight, scale, config, bias, silu_mul)
+        return out if out is not None else gemv(x, weight, bias, scale=scale, fp8=config, silu_mul=silu_mul)
     x = silu_and_mul(x) if silu_mul else x
     if use_triton(x) and x.dim() == 2:
         return fp8_gemm(x, weight, scale, config, bias)
