@@ -93,17 +93,20 @@ class KVCacheManager:
 
     def flush(self) -> None:
         """Send the page-table entries of this step's admissions and allocations to the device, in one
-        host->device copy; the scheduler calls it before it launches the step. Built from one flat list of pages
-        and per-run lengths (at one token per page a busy step writes thousands of entries: a list of
-        (row, index, page) tuples cost ~5 ms of host time for 7,000 of them, this ~0.6 ms)."""
+        host->device copy; the scheduler calls it before it launches the step. The entries are laid out from the
+        runs as three flat lists, in plain Python: at one token per page a busy step writes thousands of them
+        (7,200: ~1.3 ms here, against ~3.6 ms for a dict entry per page and a list of tuples), and a pure-decode
+        step writes one per request (~30 us for 64); torch's CPU ops on them cost a decode step milliseconds of
+        host time, sporadically, on an H200 server."""
         if not self._pending:
             return
-        runs = [(row, start, pages) for row, row_runs in self._pending.items() for start, pages in row_runs]
+        rows, indices, pages = [], [], []
+        for row, runs in self._pending.items():
+            for start, run in runs:
+                rows += [row] * len(run)
+                indices += range(start, start + len(run))
+                pages += run
         self._pending.clear()
-        lens = torch.tensor([len(pages) for _, _, pages in runs], dtype=torch.int64)
-        heads = torch.tensor([[row, start] for row, start, _ in runs], dtype=torch.int64).repeat_interleave(lens, 0)
-        offsets = torch.arange(int(lens.sum())) - (torch.cumsum(lens, 0) - lens).repeat_interleave(lens)
-        entries = torch.stack([heads[:, 0], heads[:, 1] + offsets,
-                               torch.tensor([p for _, _, pages in runs for p in pages], dtype=torch.int64)])
-        rows, indices, pages = entries.to(self.page_table.device, non_blocking=True)
-        self.page_table[rows, indices] = pages.to(self.page_table.dtype)
+        entries = torch.tensor([rows, indices, pages], dtype=torch.int64)
+        rows_d, indices_d, pages_d = entries.to(self.page_table.device, non_blocking=True)
+        self.page_table[rows_d, indices_d] = pages_d.to(self.page_table.dtype)

@@ -44,8 +44,9 @@ def test_fp8_fused_experts_float32_activations(experts, top_k, hidden, inter, to
     """float32 x doubles the activation tile of the tiles tuned for bf16: the tiny qwen3_moe of
     tests/engine/test_fp8_weights.py at a prefill-sized batch took 128 x 128 x 128 tiles in 3 stages (245,760
     bytes of shared memory; the H200 has 232,448) and qwen3-30b-a3b's 1,024-token row 237,568; both failed
-    to launch before the tiles were fitted to the device (`fused_moe.launch_config`)."""
-    check_experts(tokens, experts, top_k, hidden, inter, config, None, torch.float32)
+    to launch before the tiles were fitted to the device (`fused_moe.launch_config`). Unrounded float32 outputs
+    show a neighbouring-e4m3 flip in full (on an H200, 1 of 524,288 outputs 0.075 off): a few are allowed."""
+    check_experts(tokens, experts, top_k, hidden, inter, config, None, torch.float32, flips=4)
 
 
 def test_decode_chain_in_a_cuda_graph_with_programmatic_dependent_launch():

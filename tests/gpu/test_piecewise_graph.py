@@ -75,7 +75,8 @@ def test_fp8_weights_in_bf16_pick_the_eager_forwards_tokens(tiny_models):
 def test_the_step_cost_model_is_measured_from_the_buckets_replays(tiny_models):
     """The scheduler's step cost model (engine/step_cost.py): one figure per bucket, larger steps never cheaper,
     and decode attention's cost per cached token from the device's bandwidth (well above 1 TB/s here)."""
-    engine = make_llm(tiny_models["qwen3"]).engine
+    llm = make_llm(tiny_models["qwen3"])  # kept: an LLM that goes releases its engine's graphs
+    engine = llm.engine
     cost, buckets = engine.step_cost, engine.piecewise.buckets
     assert cost.tokens == tuple(buckets) and len(cost.linear_ms) == len(buckets)
     assert 0 < cost.linear_ms[0] and list(cost.linear_ms) == sorted(cost.linear_ms)

@@ -101,7 +101,9 @@ def test_fp8_fused_experts_small(scales, tokens, block_n):
 
 
 def check_experts(tokens: int, experts: int, top_k: int, hidden: int, inter: int, config: Fp8Config,
-                  tiles: MoEConfig | None, dtype: torch.dtype = DTYPE) -> None:
+                  tiles: MoEConfig | None, dtype: torch.dtype = DTYPE, flips: int = 0) -> None:
+    """`flips`: outputs allowed past TOL (within 5x its atol), for an activation moved to its neighbouring e4m3
+    value by the GPU's approximate division (see TOL)."""
     gen = torch.Generator(device=DEVICE).manual_seed(tokens)
     x = torch.randn(tokens, hidden, generator=gen, device=DEVICE).to(dtype)
     w13, s13 = zip(*(quantize_weight(torch.randn(2 * inter, hidden, generator=gen, device=DEVICE) / hidden**0.5,
@@ -112,4 +114,9 @@ def check_experts(tokens: int, experts: int, top_k: int, hidden: int, inter: int
     weights, ids = route(torch.randn(tokens, experts, generator=gen, device=DEVICE), top_k, True)
     out = fused_experts(x, w13, w2, weights, ids.to(torch.int32), tiles, scales=(s13, s2), fp8=config)
     ref = experts_torch(x, w13, w2, weights, ids, scales=(s13, s2), fp8=config)
-    torch.testing.assert_close(out.float().cpu(), ref.float().cpu(), **TOL)
+    out, ref = out.float().cpu(), ref.float().cpu()
+    if flips:
+        off = (out - ref).abs() > TOL["atol"] + TOL["rtol"] * ref.abs()
+        assert int(off.sum()) <= flips and torch.allclose(out, ref, rtol=TOL["rtol"], atol=5 * TOL["atol"])
+        out = torch.where(off, ref, out)
+    torch.testing.assert_close(out, ref, **TOL)
