@@ -281,27 +281,13 @@ class Scheduler:
         2; qwen3-8b 27.7 ms, against 8.6 ms unchunked in an earlier session), while at 64 streams it lowered it.
         At least PREFILL_FLOOR tokens, so a prompt always advances; without decodes the budget alone rules
         (nobody waits on the step). K trades TTFT for the tail: at 64 streams K = 2 against 3 gave ITL p99
-        14.9 / 16.7 ms and TTFT p99 333 / 248 ms (docs/benchmarks.md, 2026-11-25 online).
-
-        A backlog loosens the ratio: with B budgets' worth of prompt tokens waiting (B > 1) a step may cost K * B
-        times its decodes. A fixed K drains a burst at a pace set by the decodes' cost, so the last prompt of a
-        burst waits ever longer as the burst grows, while the running streams' gaps stay far below what anyone
-        would notice: on an H200 at 256 streams qwen3-8b had TTFT p99 5.6 s (vLLM 0.26: 4.1 s) with an ITL p99 of
-        76 ms (vLLM: 200 ms). Scaled by the backlog, a long queue drains at the budget's pace, as vLLM's does,
-        and the steps return to K times their decodes once less than a budget waits."""
+        14.9 / 16.7 ms and TTFT p99 333 / 248 ms (docs/benchmarks.md, 2026-11-25 online)."""
         room = self.max_prefill_tokens - len(decodes)
         if len(decodes) < self.min_timed_decodes or not self.step_ratio or self.engine.step_cost is None \
                 or room <= PREFILL_FLOOR:
             return room
-        ratio = self.step_ratio * max(1.0, self._backlog() / self.max_prefill_tokens)
-        timed = self.engine.step_cost.prefill_room(len(decodes), sum(r.kv_len for r in decodes), ratio, room)
+        timed = self.engine.step_cost.prefill_room(len(decodes), sum(r.kv_len for r in decodes), self.step_ratio, room)
         return max(PREFILL_FLOOR, timed)
-
-    def _backlog(self) -> int:
-        """Prompt tokens still to compute: waiting requests' (a retracted one's output too) and the unfinished
-        prompts of running ones."""
-        return (sum(r.seq_len - r.kv_len for r in self.waiting)
-                + sum(n for r in self.running if (n := r.device_len - r.kv_len) > 1))
 
     def _constrained(self, batch: Batch) -> bool:
         """Some request the batch samples for has a grammar."""

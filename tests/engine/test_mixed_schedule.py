@@ -265,9 +265,8 @@ def test_beside_fewer_decodes_than_the_minimum_a_prompt_is_not_cut_by_time(tiny_
 
 def test_under_the_cost_ratio_admission_stays_fifo_and_every_decode_runs_each_step(tiny_models):
     """Prompts of every length arriving while others decode, more than may run at once: first tokens come in
-    arrival order, no running request misses a step (record_batches checks), each within the ratio or floor (the
-    budget exceeds the whole backlog, so the ratio is not loosened)."""
-    llm = timed(engine(tiny_models["qwen2"], max_prefill_tokens=1400, max_running_requests=3), 1.3)
+    arrival order, no running request misses a step (record_batches checks), each within the ratio or floor."""
+    llm = timed(engine(tiny_models["qwen2"], max_prefill_tokens=600, max_running_requests=3), 1.3)
     lengths = [400, 30, 300, 20, 500, 10, 90]
     reqs = [Req(i, p, greedy(6 + i % 3), seed=0) for i, p in enumerate(prompts(lengths, seed=4))]
     try:
@@ -280,38 +279,3 @@ def test_under_the_cost_ratio_admission_stays_fifo_and_every_decode_runs_each_st
     for decodes, kv, prefill in map(split, batches):
         if decodes and prefill:
             assert COST.ms(decodes + prefill, kv) <= 1.3 * COST.ms(decodes, kv) + 1e-9 or prefill <= PREFILL_FLOOR
-
-
-def test_a_backlog_of_several_budgets_loosens_the_ratio_until_less_than_a_budget_waits(tiny_models):
-    """Three requests decode when prompts of five budgets' worth (2,500 tokens, budget 500) arrive at once: while
-    more than a budget waits, a mixed step carries more than the fixed ratio allows (K * backlog / budget), never
-    more than the budget; once less than a budget waits, every mixed step is back within K. Greedy tokens equal
-    a plain run, and admission stays in arrival order."""
-    path = tiny_models["qwen3"]
-    llm = timed(engine(path, max_prefill_tokens=500, max_running_requests=16), 1.5)
-    sched, backlog, steps = llm.scheduler, [0], []
-    room = sched._prefill_room
-
-    def noted(decodes):  # the backlog the next batch is sized against, as the scheduler sees it
-        backlog[0] = sched._backlog()
-        return room(decodes)
-
-    sched._prefill_room = noted
-    short = [Req(i, p, greedy(40), seed=0) for i, p in enumerate(prompts([5, 7, 6]))]
-    burst = [Req(10 + i, p, greedy(3), seed=0) for i, p in enumerate(prompts([250] * 10, seed=2))]
-    try:
-        record_batches(llm)
-        forward = llm.engine.forward
-        llm.engine.forward = lambda batch: (steps.append((backlog[0], *split(batch))), forward(batch))[1]
-        first_token_at = first_token_ticks(llm, short, burst, arrive_at=3, ticks=400)
-    finally:
-        llm.shutdown()
-    mixed = [(b, d, kv, p) for b, d, kv, p in steps if d and p > PREFILL_FLOOR]
-    loose = [m for m in mixed if m[0] > 500]
-    assert loose and len(mixed) > len(loose)  # both regimes were seen
-    for backlog, decodes, kv, prefill in mixed:
-        ratio = 1.5 * max(1.0, backlog / 500)
-        assert decodes + prefill <= 500 and COST.ms(decodes + prefill, kv) <= ratio * COST.ms(decodes, kv) + 1e-9
-    assert any(COST.ms(d + p, kv) > 1.5 * COST.ms(d, kv) for _, d, kv, p in loose)  # looser than K alone
-    assert sorted(first_token_at, key=lambda rid: (first_token_at[rid], rid)) == [r.rid for r in short + burst]
-    assert [r.output_ids for r in short + burst] == alone(path, short + burst)
