@@ -281,7 +281,11 @@ class Scheduler:
         2; qwen3-8b 27.7 ms, against 8.6 ms unchunked in an earlier session), while at 64 streams it lowered it.
         At least PREFILL_FLOOR tokens, so a prompt always advances; without decodes the budget alone rules
         (nobody waits on the step). K trades TTFT for the tail: at 64 streams K = 2 against 3 gave ITL p99
-        14.9 / 16.7 ms and TTFT p99 333 / 248 ms (docs/benchmarks.md, 2026-11-25 online)."""
+        14.9 / 16.7 ms and TTFT p99 333 / 248 ms (docs/benchmarks.md, 2026-11-25 online). A ratio loosened by the
+        waiting backlog (K * B with B budgets waiting) was tried on an H200 at 256 streams: it drains a burst at
+        the budget's pace, as vLLM does, and lands where vLLM is (qwen3-8b TTFT p99 4.3 s, ITL p99 200 ms, TTFT
+        p50 1.6 s against K's 5.6 s, 76 ms, 0.65 s): no better than vLLM anywhere, so K stays fixed
+        (docs/benchmarks.md, 2026-11-26)."""
         room = self.max_prefill_tokens - len(decodes)
         if len(decodes) < self.min_timed_decodes or not self.step_ratio or self.engine.step_cost is None \
                 or room <= PREFILL_FLOOR:
