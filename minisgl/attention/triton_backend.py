@@ -59,11 +59,13 @@ class ExtendMeta:
 # tile of 128 query rows of which `group` are real. On an H200 (qwen3-8b, 224 decodes of ~1,000 cached tokens
 # beside 1,358 prompt tokens) that took ~20 ms of a 61 ms step, ~2.5x their read at copy bandwidth (33 GB at
 # ~4.3 TB/s: ~8 ms), which the decode kernel roughly reaches: the split saves more than the decode rows' read
-# time. It costs two more launches a layer (split and reduce, ~40 us of host time each), which matter when the
-# enqueue is host-bound (qwen3-0.6b's mixed step at 64 streams). So split when one layer's decode read outlasts
-# those 80 us at ~3 TB/s (the step-cost model timed 2.7 TB/s of copy on an H100, 1.5 us a layer per 1,000 qwen3
-# tokens; an H200 copies ~4.3): 80 us x 3 TB/s = 240 MB, rounded to 256 MiB. No separate floor on the number of
-# decodes: a few rows long enough to cross it are where split-KV gains most.
+# time. It costs one or two more launches a layer (the decode kernel, and its reduce when it splits the keys;
+# ~40 us of host time each), which matter when the enqueue is host-bound (qwen3-0.6b's mixed step at 64
+# streams). So split when one layer's decode read outlasts two launches, 80 us, at ~3 TB/s (the step-cost model
+# timed 2.7 TB/s of copy on an H100, 1.5 us a layer per 1,000 qwen3 tokens; an H200 copies ~4.3): 80 us x 3 TB/s
+# = 240 MB, rounded to 256 MiB. That splits qwen3's 224 x ~1,000 tokens (~900 MB) and keeps 64 streams of
+# ~800 (~200 MB) in one launch. No separate floor on the number of decodes: a few rows long enough to cross it
+# are where split-KV gains most.
 MIXED_SPLIT_KV_BYTES = 256 << 20
 
 
