@@ -2,11 +2,11 @@
 
 Decode batches (one new token per request) run split-K flash-decoding; everything else (prefill,
 extend after a cached prefix) runs the tiled extend kernel, and so does a mixed batch (decodes first, then
-prefill chunks) unless its decodes read enough K/V to pay for their own launches (see MixedMeta). The decode
-`prepare` only
-gathers references to the step's tensors, so it is safe inside a CUDA graph; the number of splits
-depends on the batch size alone, never on sequence lengths. An fp8 pool (`--kv-cache-dtype fp8`) runs the
-same kernels: K/V are loaded as fp8 and upcast to the model's dtype in registers.
+prefill chunks) unless its decodes read enough K/V to pay for their own launches (see MixedMeta). The
+decode `prepare` only gathers references to the step's tensors, so it is safe inside a CUDA graph; the
+number of splits depends on the batch size alone, never on sequence lengths. An fp8 pool
+(`--kv-cache-dtype fp8`) runs the same kernels: K/V are loaded as fp8 and upcast to the model's dtype in
+registers.
 """
 
 from __future__ import annotations
@@ -72,7 +72,9 @@ MIXED_SPLIT_KV_BYTES = 256 << 20
 @dataclass
 class MixedMeta:
     """A mixed batch split in two: its leading one-token rows through the decode kernel, the rest (prefill
-    chunks, their indices re-based to 0) through the extend kernel; each writes its own rows of the output."""
+    chunks, their indices re-based to 0) through the extend kernel; each writes its own rows of the output.
+    Why: the extend kernel gives a decode row one program per KV head over its whole context, a tile mostly
+    of padding; the decode kernel reads the same keys at about copy bandwidth (MIXED_SPLIT_KV_BYTES: when)."""
 
     out_slots: torch.Tensor  # [T] of the whole batch: `store` is one launch for all its tokens
     decode: DecodeMeta
