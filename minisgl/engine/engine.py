@@ -23,6 +23,7 @@ from minisgl.core import GREEDY_TEMPERATURE, Batch
 from minisgl.distributed import TPGroup
 from minisgl.engine.config import EngineArgs
 from minisgl.engine.cuda_graph import DecodeGraphs
+from minisgl.engine.host_copy import upload
 from minisgl.engine.piecewise_graph import PiecewiseGraphs, bucket_for
 from minisgl.engine.sampler import Sampler
 from minisgl.engine.step_cost import StepCost
@@ -214,8 +215,7 @@ class Engine:
     def load_tokens(self, row: int, start: int, ids: list[int]) -> None:
         """Write a request's known tokens from `start` on into its token-table row (at admission)."""
         if ids:
-            host = torch.tensor(ids, dtype=torch.int32)
-            self.token_table[row, start: start + len(ids)] = host.to(self.device, non_blocking=True)
+            self.token_table[row, start: start + len(ids)] = upload(ids, torch.int32, self.device)
 
     def _slots(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         ps = self.page_size
@@ -233,9 +233,8 @@ class Engine:
         """Any mix of prefill chunks, prefix-cache extends and decodes, with one host->device copy."""
         lens, total = batch.extend_lens, sum(batch.extend_lens)
         decodes = next((i for i, n in enumerate(lens) if n != 1), len(lens))  # the scheduler puts decodes first
-        meta = torch.tensor([[r.row for r in batch.reqs], batch.kv_lens, lens], dtype=torch.int64)
-        meta = meta.to(self.device, non_blocking=True)
-        rows, kv_lens, extend_lens = meta
+        rows, kv_lens, extend_lens = upload([[r.row for r in batch.reqs], batch.kv_lens, lens], torch.int64,
+                                            self.device)
         arange = torch.arange(total, device=self.device)
         owner = torch.repeat_interleave(torch.arange(len(lens), device=self.device), extend_lens, output_size=total)
         ends = torch.cumsum(extend_lens, 0)
@@ -293,8 +292,7 @@ class Engine:
             kv = batch.kv_lens
             if self._graph_fits(batch):
                 return ForwardedStep(batch, self.graphs.replay([r.row for r in batch.reqs], kv), [])
-            # Lists become host tensors of a named dtype: inferring it element by element doubles the cost.
-            meta = torch.tensor([[r.row for r in batch.reqs], kv], dtype=torch.int64).to(self.device, non_blocking=True)
+            meta = upload([[r.row for r in batch.reqs], kv], torch.int64, self.device)
             logits = self._logits(self.decode_input(meta[0], meta[1], max(kv) + 1), self.decode_backend)
             return ForwardedStep(batch, logits, [])
         inputs = self.extend_input(batch)
@@ -309,7 +307,7 @@ class Engine:
         for index, first, count in batch.scored:
             req = batch.reqs[index]
             start = sum(batch.extend_lens[:index]) + first - batch.kv_lens[index]  # hidden row of `first`
-            targets = torch.tensor(req.prompt_ids[first + 1: first + 1 + count]).to(self.device, non_blocking=True)
+            targets = upload(req.prompt_ids[first + 1: first + 1 + count], torch.int64, self.device)
             parts = []
             for at in range(0, count, PROMPT_SCORE_ROWS):
                 rows = slice(start + at, start + min(count, at + PROMPT_SCORE_ROWS))
@@ -334,11 +332,10 @@ class Engine:
                                 step.prompt)
         reqs = [batch.reqs[i] for i in picked]
         if len(picked) < len(batch.reqs):
-            logits = logits[torch.tensor(picked, dtype=torch.int64).to(self.device, non_blocking=True)]
+            logits = logits[upload(picked, torch.int64, self.device)]
         top_n = max((r.params.logprobs for r in reqs if r.params.logprobs is not None), default=None)
-        where = torch.tensor([[r.row for r in reqs], [batch.kv_lens[i] + batch.extend_lens[i] for i in picked]],
-                             dtype=torch.int64)
-        rows, next_pos = where.to(self.device, non_blocking=True)
+        rows, next_pos = upload([[r.row for r in reqs], [batch.kv_lens[i] + batch.extend_lens[i] for i in picked]],
+                                torch.int64, self.device)
         out = self.sampler.sample(logits, rows, top_n, bitmask)
         self.token_table[rows, next_pos] = out.token_ids.int()
         hidden = self.last_hidden[rows] if any(r.params.return_hidden_states for r in reqs) else None

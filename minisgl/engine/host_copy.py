@@ -17,6 +17,7 @@ import torch
 
 
 def upload(values: Sequence | torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """`values` as a tensor on `device`, enqueued on the current stream; the host does not wait."""
+    """`values` as a tensor on `device`, enqueued on the current stream; the host does not wait. A list becomes a
+    host tensor of the named dtype: inferring it element by element doubles the cost."""
     host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
     return host.to(device=device, dtype=dtype, non_blocking=True)
