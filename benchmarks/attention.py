@@ -4,10 +4,14 @@
     python benchmarks/attention.py --mode decode --batches 1,8 --contexts 4096 --decode-block-n 32
     python benchmarks/attention.py --decode-warps 8 --extend-stages 3 --no-torch   # a quick sweep step
     python benchmarks/attention.py --kv-cache-dtype fp8 --mode decode               # an fp8 pool
+    python benchmarks/attention.py --mode mixed --mixed-cases 224x1000+1358+0       # a mixed step, split or not
 
 Times `backend.forward` (KV store + attention, what every layer pays; `prepare` runs once per step and is
 not included) with triton.testing.do_bench, which flushes L2 between runs. Decode rows report the K/V bytes
-read per second, extend rows the attention TFLOP/s (causal pairs only). Pages are assigned at random.
+read per second, extend rows the attention TFLOP/s (causal pairs only). Mixed rows (decodes, then one prefill
+chunk) time the Triton backend with the decode rows split off to the decode kernel (triton_us) and with every
+row in the extend kernel (unsplit_us): speedup is unsplit / split, max_diff between the two. Pages are
+assigned at random.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from triton.testing import do_bench
 
 from minisgl.attention.base import ForwardInput
 from minisgl.attention.torch_backend import TorchBackend
-from minisgl.attention.triton_backend import TritonBackend
+from minisgl.attention.triton_backend import ExtendMeta, MixedMeta, TritonBackend
 from minisgl.kernels.attention import KernelConfig
 from minisgl.kvcache.pool import KVPool, kv_cache_dtype
 
@@ -91,9 +95,33 @@ def bench_case(args, config: KernelConfig, mode: str, heads: int, kv_heads: int,
     return row
 
 
+def bench_mixed(args, config: KernelConfig, heads: int, kv_heads: int, decodes: int, context: int, chunk: int,
+                prefix: int, page_size: int) -> dict:
+    """`decodes` requests of `context` cached tokens decode beside one chunk of `chunk` new tokens after `prefix`
+    cached ones, as the scheduler orders a mixed step: with the decode rows split off, then without."""
+    kv_lens, ext = [context] * decodes + [prefix], [1] * decodes + [chunk]
+    dtype = DTYPES[args.dtype]
+    pool, page_table, batch, qkv = random_batch(kv_lens, ext, heads, kv_heads, args.head_dim, page_size, dtype,
+                                                kv_cache_dtype(args.kv_cache_dtype, dtype), torch.device("cuda"))
+    batch = dataclasses.replace(batch, decode_rows=decodes, decode_kv_tokens=decodes * context)
+    timed = {}
+    for split_bytes, kind in ((0, MixedMeta), (1 << 62, ExtendMeta)):
+        backend = TritonBackend(pool, page_table, config, mixed_split_kv_bytes=split_bytes)
+        assert isinstance(backend.prepare(batch), kind)
+        timed[kind] = time_backend(backend, batch, qkv)
+    (split_us, out), (unsplit_us, expected) = timed[MixedMeta], timed[ExtendMeta]
+    row = dict(mode="mixed", heads=f"{heads}/{kv_heads}", page=page_size, batch=decodes, context=context,
+               new=chunk, triton_us=split_us, unsplit_us=unsplit_us, speedup=unsplit_us / split_us,
+               max_diff=(out.float() - expected.float()).abs().max().item())
+    del pool, page_table, batch, qkv
+    torch.cuda.empty_cache()
+    return row
+
+
 COLUMNS = {  # name: (width, format of a number)
     "mode": (6, ""), "heads": (5, ""), "page": (4, ""), "batch": (5, ""), "context": (7, ""), "new": (5, ""),
-    "triton_us": (10, ".1f"), "torch_us": (10, ".1f"), "speedup": (7, ".2f"), "rate": (15, ""), "max_diff": (8, ".1e"),
+    "triton_us": (10, ".1f"), "torch_us": (10, ".1f"), "unsplit_us": (10, ".1f"),
+    "speedup": (7, ".2f"), "rate": (15, ""), "max_diff": (8, ".1e"),
 }
 
 
@@ -105,7 +133,7 @@ def print_row(row: dict) -> None:
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=["all", "decode", "extend"], default="all")
+    p.add_argument("--mode", choices=["all", "decode", "extend", "mixed"], default="all")
     p.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     p.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto", help="the pool's: auto = --dtype")
     p.add_argument("--head-dim", type=int, default=128)
@@ -115,6 +143,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--contexts", type=int_list, default=[1024, 4096], help="decode context lengths")
     p.add_argument("--extend-cases", default="1x1024+0,1x4096+0,4x512+2048,16x256+1024,32x64+3072",
                    help="BATCHxNEW+PREFIX list: requests x new tokens after a cached prefix")
+    p.add_argument("--mixed-cases", default="224x1000+1358+0,64x800+1024+0,32x2000+512+1024",
+                   help="DECODESxCONTEXT+CHUNK+PREFIX list: decodes of CONTEXT cached tokens beside one chunk")
     p.add_argument("--no-torch", action="store_true", help="time the Triton backend only")
     defaults = KernelConfig()
     for field in dataclasses.fields(KernelConfig):
@@ -142,6 +172,12 @@ def main() -> None:
                     batch_size, new = (int(x) for x in shape.split("x"))
                     print_row(bench_case(args, config, "extend", heads, kv_heads, batch_size, int(prefix), new,
                                          page_size))
+            if args.mode in ("all", "mixed"):
+                for case in args.mixed_cases.split(","):
+                    shape, chunk, prefix = case.split("+")
+                    decodes, context = (int(x) for x in shape.split("x"))
+                    print_row(bench_mixed(args, config, heads, kv_heads, decodes, context, int(chunk), int(prefix),
+                                          page_size))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,10 @@ class ForwardInput:
     max_extend: int  # host-side max of extend_lens
     max_seq_len: int  # host-side upper bound of seq_lens (exact in eager steps; the engine's limit in CUDA graphs)
     is_decode: bool = False  # every request feeds exactly one token (T == B): the CUDA-graph case
+    # Host-side: the leading requests that feed one token each (a mixed step's decodes come first) and the
+    # tokens they have cached, so a backend can give them its decode kernel without reading the device.
+    decode_rows: int = 0
+    decode_kv_tokens: int = 0
 
 
 class AttentionBackend(Protocol):

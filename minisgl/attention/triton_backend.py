@@ -1,10 +1,12 @@
 """Paged attention with the Triton kernels of minisgl.kernels.attention (the GPU fast path).
 
 Decode batches (one new token per request) run split-K flash-decoding; everything else (prefill,
-extend after a cached prefix, mixed batches) runs the tiled extend kernel. The decode `prepare` only
-gathers references to the step's tensors, so it is safe inside a CUDA graph; the number of splits
-depends on the batch size alone, never on sequence lengths. An fp8 pool (`--kv-cache-dtype fp8`) runs the
-same kernels: K/V are loaded as fp8 and upcast to the model's dtype in registers.
+extend after a cached prefix) runs the tiled extend kernel, and so does a mixed batch (decodes first, then
+prefill chunks) unless its decodes read enough K/V to pay for their own launches (see MixedMeta). The
+decode `prepare` only gathers references to the step's tensors, so it is safe inside a CUDA graph; the
+number of splits depends on the batch size alone, never on sequence lengths. An fp8 pool
+(`--kv-cache-dtype fp8`) runs the same kernels: K/V are loaded as fp8 and upcast to the model's dtype in
+registers.
 """
 
 from __future__ import annotations
@@ -51,10 +53,39 @@ class ExtendMeta:
     max_extend: int
 
 
+# A mixed step's decode rows get the decode kernel when their K/V of one layer is at least this many bytes
+# (64 Ki tokens of a qwen3 layer: 8 KV heads x 128 dims x K and V in bf16 = 4 KiB a token). Why: in the extend
+# kernel a decode row is one live program per KV head that walks its whole context alone (no split-KV), with a
+# tile of 128 query rows of which `group` are real. On an H200 (qwen3-8b, 224 decodes of ~1,000 cached tokens
+# beside 1,358 prompt tokens) that took ~20 ms of a 61 ms step, ~2.5x their read at copy bandwidth (33 GB at
+# ~4.3 TB/s: ~8 ms), which the decode kernel roughly reaches: the split saves more than the decode rows' read
+# time. It costs one or two more launches a layer (the decode kernel, and its reduce when it splits the keys;
+# ~40 us of host time each), which matter when the enqueue is host-bound (qwen3-0.6b's mixed step at 64
+# streams). So split when one layer's decode read outlasts two launches, 80 us, at ~3 TB/s (the step-cost model
+# timed 2.7 TB/s of copy on an H100, 1.5 us a layer per 1,000 qwen3 tokens; an H200 copies ~4.3): 80 us x 3 TB/s
+# = 240 MB, rounded to 256 MiB. That splits qwen3's 224 x ~1,000 tokens (~900 MB) and keeps 64 streams of
+# ~800 (~200 MB) in one launch. No separate floor on the number of decodes: a few rows long enough to cross it
+# are where split-KV gains most.
+MIXED_SPLIT_KV_BYTES = 256 << 20
+
+
+@dataclass
+class MixedMeta:
+    """A mixed batch split in two: its leading one-token rows through the decode kernel, the rest (prefill
+    chunks, their indices re-based to 0) through the extend kernel; each writes its own rows of the output.
+    Why: the extend kernel gives a decode row one program per KV head over its whole context, a tile mostly
+    of padding; the decode kernel reads the same keys at about copy bandwidth (MIXED_SPLIT_KV_BYTES: when)."""
+
+    out_slots: torch.Tensor  # [T] of the whole batch: `store` is one launch for all its tokens
+    decode: DecodeMeta
+    extend: ExtendMeta
+
+
 class TritonBackend(AttentionBackend):
     supports_cuda_graph = True
 
-    def __init__(self, pool: KVPool, page_table: torch.Tensor, config: KernelConfig | None = None):
+    def __init__(self, pool: KVPool, page_table: torch.Tensor, config: KernelConfig | None = None,
+                 mixed_split_kv_bytes: int = MIXED_SPLIT_KV_BYTES):
         if pool.k.dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"triton attention supports KV dtypes {SUPPORTED_DTYPES}, not {pool.k.dtype}")
         if pool.k.stride() != pool.v.stride() or pool.k.stride(-1) != 1:
@@ -66,23 +97,50 @@ class TritonBackend(AttentionBackend):
                              "(Ada, Hopper); use --attn torch or --kv-cache-dtype auto")
         self.pool, self.page_table = pool, page_table
         self.config = (config or KernelConfig()).fitted(pool.dtype, pool.k.shape[-1], pool.k.dtype)
+        self.mixed_split_kv_bytes = mixed_split_kv_bytes
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
-    def prepare(self, batch: ForwardInput) -> DecodeMeta | ExtendMeta:
+    def prepare(self, batch: ForwardInput) -> DecodeMeta | ExtendMeta | MixedMeta:
         if batch.is_decode or batch.max_extend == 1:
-            splits = num_decode_splits(batch.rows.numel(), self.pool.k.shape[2], self.num_sms, self.config)
-            return DecodeMeta(batch.out_slots, batch.rows, batch.seq_lens, splits)
-        q_starts = torch.cumsum(batch.extend_lens, 0) - batch.extend_lens
-        return ExtendMeta(batch.out_slots, batch.rows, batch.kv_lens, batch.extend_lens, q_starts, batch.max_extend)
+            return self._decode_meta(batch.out_slots, batch.rows, batch.seq_lens)
+        decodes = batch.decode_rows if self._worth_splitting(batch) else 0  # rows (and tokens) [0, decodes)
+        extend_lens = batch.extend_lens[decodes:]
+        extend = ExtendMeta(batch.out_slots[decodes:], batch.rows[decodes:], batch.kv_lens[decodes:], extend_lens,
+                            torch.cumsum(extend_lens, 0) - extend_lens, batch.max_extend)
+        if not decodes:
+            return extend
+        decode = self._decode_meta(batch.out_slots[:decodes], batch.rows[:decodes], batch.seq_lens[:decodes])
+        return MixedMeta(batch.out_slots, decode, extend)
+
+    def _decode_meta(self, out_slots: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor) -> DecodeMeta:
+        splits = num_decode_splits(rows.numel(), self.pool.k.shape[2], self.num_sms, self.config)
+        return DecodeMeta(out_slots, rows, seq_lens, splits)
+
+    def _worth_splitting(self, batch: ForwardInput) -> bool:
+        """Whether the leading decode rows' K/V of one layer (cached tokens, plus each row's new one) reaches
+        mixed_split_kv_bytes (MIXED_SPLIT_KV_BYTES; tests set 0 to split every mixed batch)."""
+        k = self.pool.k
+        token_bytes = 2 * k.shape[2] * k.shape[3] * k.element_size()
+        kv_bytes = (batch.decode_kv_tokens + batch.decode_rows) * token_bytes
+        return batch.decode_rows > 0 and kv_bytes >= self.mixed_split_kv_bytes
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         store_kv(self.pool.k[layer], self.pool.v[layer], slots, k, v)
 
-    def attend(self, layer: int, q: torch.Tensor, meta: DecodeMeta | ExtendMeta,
+    def attend(self, layer: int, q: torch.Tensor, meta: DecodeMeta | ExtendMeta | MixedMeta,
                out: torch.Tensor | None = None) -> torch.Tensor:
         if q.stride(-1) != 1:
             q = q.contiguous()
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out.view(q.shape)
+        if isinstance(meta, MixedMeta):
+            decodes = meta.decode.rows.numel()
+            self._attend(layer, q[:decodes], meta.decode, out[:decodes])
+            self._attend(layer, q[decodes:], meta.extend, out[decodes:])
+        else:
+            self._attend(layer, q, meta, out)
+        return out.view(q.shape[0], -1)
+
+    def _attend(self, layer: int, q: torch.Tensor, meta: DecodeMeta | ExtendMeta, out: torch.Tensor) -> None:
         k_cache, v_cache, page_size = self.pool.k[layer], self.pool.v[layer], self.pool.page_size
         if isinstance(meta, DecodeMeta):
             part_out, part_lse = meta.split_scratch(q)
@@ -91,4 +149,3 @@ class TritonBackend(AttentionBackend):
         else:
             extend_attention(q, k_cache, v_cache, self.page_table, meta.rows, meta.kv_lens, meta.extend_lens,
                              meta.q_starts, meta.max_extend, out, page_size, self.config)
-        return out.view(q.shape[0], -1)

@@ -232,6 +232,7 @@ class Engine:
     def extend_input(self, batch: Batch) -> ForwardInput:
         """Any mix of prefill chunks, prefix-cache extends and decodes, with one host->device copy."""
         lens, total = batch.extend_lens, sum(batch.extend_lens)
+        decodes = next((i for i, n in enumerate(lens) if n != 1), len(lens))  # the scheduler puts decodes first
         rows, kv_lens, extend_lens = upload([[r.row for r in batch.reqs], batch.kv_lens, lens], torch.int64,
                                             self.device)
         arange = torch.arange(total, device=self.device)
@@ -242,7 +243,8 @@ class Engine:
             input_ids=self.token_table[rows[owner], positions].long(), positions=positions,
             out_slots=self._slots(rows[owner], positions), rows=rows, kv_lens=kv_lens, extend_lens=extend_lens,
             seq_lens=kv_lens + extend_lens, last_index=ends - 1, max_extend=max(lens),
-            max_seq_len=max(k + n for k, n in zip(batch.kv_lens, lens)))
+            max_seq_len=max(k + n for k, n in zip(batch.kv_lens, lens)), decode_rows=decodes,
+            decode_kv_tokens=sum(batch.kv_lens[:decodes]))
 
     # ---- forward --------------------------------------------------------------------------------
 

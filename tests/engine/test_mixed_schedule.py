@@ -17,6 +17,7 @@ import random
 import pytest
 
 from minisgl import LLM, SamplingParams
+from minisgl.attention.triton_backend import MixedMeta
 from minisgl.core import Batch, Req
 from minisgl.engine.step_cost import StepCost
 from minisgl.messages import AddReq
@@ -112,6 +113,39 @@ def test_long_prompt_chunks_in_beside_every_decode_within_the_budget(tiny_models
         assert sum(b.extend_lens) == 16 or b is chunked[-1]  # the chunk takes all the room the decodes leave
     assert [len(r.output_ids) for r in short] == [24] * 3 and len(long.output_ids) == 4
     assert [r.output_ids for r in [*short, long]] == alone(path, [*short, long])
+
+
+def mixed_split_run(path: str, split_bytes: int) -> tuple[list[list[int]], list[int]]:
+    """Three short requests decode while a long prompt is chunked in beside them, on the Triton backend whose
+    mixed steps split their decode rows off from `split_bytes` of K/V a layer: the greedy tokens, and the number
+    of decode rows each split step gave the decode kernel."""
+    llm = engine(path, attention_backend="triton", max_prefill_tokens=16, max_running_requests=8)
+    backend, split_rows = llm.engine.prefill_backend, []
+    backend.mixed_split_kv_bytes, prepare = split_bytes, backend.prepare
+
+    def recorded(batch):
+        meta = prepare(batch)
+        if isinstance(meta, MixedMeta):
+            split_rows.append(meta.decode.rows.numel())
+        return meta
+
+    backend.prepare = recorded
+    short = [Req(i, p, greedy(20), seed=0) for i, p in enumerate(prompts([5, 7, 6]))]
+    long = Req(9, prompts([90], seed=1)[0], greedy(4), seed=0)
+    try:
+        drive(llm, short, arrivals={3: [long]})
+    finally:
+        llm.shutdown()
+    return [r.output_ids for r in [*short, long]], split_rows
+
+
+def test_mixed_steps_decode_rows_through_the_decode_kernel_keep_the_greedy_tokens(tiny_models):
+    """The decode rows of every mixed step through the split-KV decode kernel (threshold 0) give the tokens of
+    the same run with the split off (every mixed step one extend launch)."""
+    split_tokens, split_rows = mixed_split_run(tiny_models["qwen3"], 0)
+    plain_tokens, plain_rows = mixed_split_run(tiny_models["qwen3"], 1 << 62)
+    assert len(split_rows) >= 6 and max(split_rows) == 3 and plain_rows == []  # up to all three decodes
+    assert split_tokens == plain_tokens
 
 
 def test_pure_decode_steps_stay_decode_batches(tiny_models):

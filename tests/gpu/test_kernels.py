@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 from kernels.test_fused_moe import TOL, make_experts, make_tokens
-from kernels.test_triton_attention import DECODE_KV, LAYER, RAGGED_EXT, RAGGED_KV, Case
+from kernels.test_triton_attention import (
+    DECODE_KV,
+    LAYER,
+    RAGGED_EXT,
+    RAGGED_KV,
+    SPLIT_ALWAYS,
+    SPLIT_NEVER,
+    Case,
+    mixed_meta_kind,
+)
 
 from minisgl.attention.torch_backend import TorchBackend
-from minisgl.attention.triton_backend import TritonBackend
+from minisgl.attention.triton_backend import ExtendMeta, MixedMeta, TritonBackend
+from minisgl.kernels.attention import KernelConfig
 from minisgl.kernels.fused_moe import fused_experts
 from minisgl.layers.moe import experts_torch, route
 
@@ -23,6 +35,25 @@ def test_attention_bf16_matches_torch(heads, kv_heads, page_size, cache):
     Case(RAGGED_KV, RAGGED_EXT, heads, kv_heads, 128, page_size, torch.bfloat16, seed=5, **kw).check()
     Case(DECODE_KV, [1] * len(DECODE_KV), heads, kv_heads, 128, page_size, torch.bfloat16, padded=3, seed=6,
          **kw).check()
+
+
+@pytest.mark.parametrize("cache", list(CACHE_DTYPES))
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("heads,kv_heads", [(16, 8), (32, 8)])
+def test_mixed_attention_bf16_matches_torch(heads, kv_heads, page_size, cache):
+    """A mixed step at serving size: 64 decodes of 1-3,000 cached tokens, then a fresh 700-token chunk and a
+    300-token chunk after 1,500 cached. Its decode rows through the decode kernel (the backend's own splits, and
+    4 splits: the scratch for the decode rows alone) and all rows through the extend kernel give the torch
+    reference."""
+    rng = random.Random(9)
+    kv_lens, extend_lens = [rng.randrange(1, 3000) for _ in range(64)] + [0, 1500], [1] * 64 + [700, 300]
+    case = Case(kv_lens, extend_lens, heads, kv_heads, 128, page_size, torch.bfloat16, seed=24,
+                cache_dtype=CACHE_DTYPES[cache])
+    assert mixed_meta_kind(case, **SPLIT_ALWAYS) == (MixedMeta, 64)
+    assert mixed_meta_kind(case, **SPLIT_NEVER) == (ExtendMeta, 0)
+    for config in (None, KernelConfig(decode_splits=4)):
+        case.check(config, **SPLIT_ALWAYS)
+    case.check(**SPLIT_NEVER)
 
 
 @pytest.mark.parametrize("cache", list(CACHE_DTYPES))

@@ -8,6 +8,7 @@ same cases: the oracle is the torch backend over the same fp8 pool.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from minisgl import SamplingParams
 from minisgl.attention import make_backend
 from minisgl.attention.base import ForwardInput
 from minisgl.attention.torch_backend import TorchBackend
-from minisgl.attention.triton_backend import TritonBackend
+from minisgl.attention.triton_backend import DecodeMeta, ExtendMeta, MixedMeta, TritonBackend
 from minisgl.kernels.attention import KernelConfig, num_decode_splits
 from minisgl.kernels.kv_store import store_kv
 from minisgl.kvcache.pool import KVPool, to_cache_dtype
@@ -74,6 +75,7 @@ class Case:
         self.num_real = sum(extend_lens) - padded
 
         kv, ext = torch.tensor(kv_lens), torch.tensor(extend_lens)
+        decodes = next((i for i, n in enumerate(extend_lens) if n != 1), len(extend_lens))  # leading 1-token rows
         owner = torch.repeat_interleave(torch.arange(len(kv_lens)), ext)
         starts = torch.cumsum(ext, 0) - ext
         tokens = int(ext.sum())
@@ -84,21 +86,23 @@ class Case:
             input_ids=to_dev(torch.zeros(tokens, dtype=torch.int64)), positions=to_dev(positions),
             out_slots=to_dev(slots), rows=to_dev(torch.tensor(rows)), kv_lens=to_dev(kv), extend_lens=to_dev(ext),
             seq_lens=to_dev(kv + ext), last_index=to_dev(starts + ext - 1), max_extend=max(extend_lens),
-            max_seq_len=max(k + n for k, n in zip(kv_lens, extend_lens)), is_decode=max(extend_lens) == 1)
+            max_seq_len=max(k + n for k, n in zip(kv_lens, extend_lens)), is_decode=max(extend_lens) == 1,
+            decode_rows=decodes, decode_kv_tokens=sum(kv_lens[:decodes]))
         self.q, self.k, self.v = (torch.randn(tokens, h, head_dim, generator=gen).to(DEVICE, dtype)
                                   for h in (heads, kv_heads, kv_heads))
 
-    def run(self, backend_cls, config: KernelConfig | None = None) -> tuple[torch.Tensor, KVPool]:
+    def run(self, backend_cls, config: KernelConfig | None = None, **options) -> tuple[torch.Tensor, KVPool]:
         """Output of one layer's forward, and the pool it wrote into (each backend gets its own copy)."""
         pool = copy.copy(self.pool)
         pool.k, pool.v = self.pool.k.clone(), self.pool.v.clone()
-        backend = backend_cls(pool, self.page_table) if config is None else backend_cls(pool, self.page_table, config)
+        backend = backend_cls(pool, self.page_table, **({} if config is None else {"config": config}), **options)
         out = backend.forward(LAYER, self.q, self.k, self.v, backend.prepare(self.batch))
         return out, pool
 
-    def check(self, config: KernelConfig | None = None) -> None:
+    def check(self, config: KernelConfig | None = None, **options) -> None:
+        """The Triton backend (made with `options`) against the torch backend: output and stored K/V."""
         expected, ref_pool = self.run(TorchBackend)
-        got, pool = self.run(TritonBackend, config)
+        got, pool = self.run(TritonBackend, config, **options)
         assert got.shape == expected.shape and got.dtype == self.q.dtype
         tol = TOLERANCE[self.q.dtype]
         real = slice(0, self.num_real)
@@ -173,6 +177,55 @@ def test_fp8_pool_under_a_bf16_model_matches_torch(page_size):
          cache_dtype=FP8).check(SMALL)
     Case(DECODE_KV, [1] * len(DECODE_KV), 6, 2, HEAD_DIMS[0], page_size, dtype=torch.bfloat16, padded=2, seed=16,
          cache_dtype=FP8).check(KernelConfig(decode_block_n=16, decode_splits=4))
+
+
+# A mixed step as the scheduler builds it: decodes first (different context lengths, one with none cached yet),
+# then two prefill chunks, the second after a cached prefix.
+MIXED_KV = [30, 7, 64, 0, 0, 21] if not ON_GPU else [900, 4000, 17, 2047, 1100, 0, 1500]
+MIXED_EXT = [1, 1, 1, 1, 25, 14] if not ON_GPU else [1, 1, 1, 1, 1, 700, 300]
+SPLIT_ALWAYS, SPLIT_NEVER = {"mixed_split_kv_bytes": 0}, {"mixed_split_kv_bytes": 1 << 62}
+
+
+def mixed_meta_kind(case: Case, **options) -> tuple[type, int]:
+    """The metadata class TritonBackend.prepare gives the case's batch, and how many rows its decode part has."""
+    meta = TritonBackend(case.pool, case.page_table, **options).prepare(case.batch)
+    return type(meta), meta.decode.rows.numel() if isinstance(meta, MixedMeta) else 0
+
+
+@pytest.mark.parametrize("split", ["always", "never"])
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (6, 2)])
+def test_mixed_batch_matches_torch_through_both_paths(heads, kv_heads, page_size, split):
+    """The decode rows of a mixed batch through the split-KV decode kernel and the chunks through the extend
+    kernel (re-based to their own rows), or all through the extend kernel: both give the torch reference."""
+    options = SPLIT_ALWAYS if split == "always" else SPLIT_NEVER
+    case = Case(MIXED_KV, MIXED_EXT, heads, kv_heads, HEAD_DIMS[0], page_size, seed=20)
+    decodes = MIXED_EXT.index(max(MIXED_EXT))
+    assert mixed_meta_kind(case, **options) == ((MixedMeta, decodes) if split == "always" else (ExtendMeta, 0))
+    case.check(replace(SMALL, decode_splits=3), **options)
+
+
+def test_mixed_batch_without_leading_decodes_or_without_chunks():
+    """D = 0 (the batch opens with a chunk: a one-token row after it stays in the extend kernel) and D = every
+    row (a plain decode batch) give the torch reference, whatever the threshold."""
+    chunk_first = Case([0, 12, 5, 40], [9, 1, 6, 1], 6, 2, HEAD_DIMS[0], 4, seed=21)
+    assert mixed_meta_kind(chunk_first, **SPLIT_ALWAYS) == (ExtendMeta, 0)
+    chunk_first.check(SMALL, **SPLIT_ALWAYS)
+    all_decodes = Case([3, 40, 17], [1, 1, 1], 6, 2, HEAD_DIMS[0], 4, seed=22)
+    assert mixed_meta_kind(all_decodes, **SPLIT_ALWAYS) == (DecodeMeta, 0)
+    all_decodes.check(replace(SMALL, decode_splits=3), **SPLIT_ALWAYS)
+
+
+def test_mixed_split_threshold_counts_the_decode_rows_kv_bytes():
+    """The default threshold: below MIXED_SPLIT_KV_BYTES of the decode rows' K/V in one layer (cached tokens and
+    their new one) the batch stays one extend launch; at it, the decode rows split off."""
+    case = Case(MIXED_KV, MIXED_EXT, 4, 2, 16, 4, seed=23)
+    decodes = case.batch.decode_rows
+    token_bytes = 2 * 2 * 16 * 4  # K and V, 2 KV heads, head_dim 16, fp32
+    kv_bytes = (case.batch.decode_kv_tokens + decodes) * token_bytes
+    assert mixed_meta_kind(case, mixed_split_kv_bytes=kv_bytes) == (MixedMeta, decodes)
+    assert mixed_meta_kind(case, mixed_split_kv_bytes=kv_bytes + 1) == (ExtendMeta, 0)
+    assert mixed_meta_kind(case) == (ExtendMeta, 0)  # ~27 KB here: far below the default
 
 
 def test_decode_split_choice_fills_the_gpu():
