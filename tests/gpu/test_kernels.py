@@ -56,6 +56,32 @@ def test_mixed_attention_bf16_matches_torch(heads, kv_heads, page_size, cache):
     case.check(**SPLIT_NEVER)
 
 
+def test_any_decode_batch_size_reuses_the_compiled_decode_kernels():
+    """A mixed step's decode rows come in any number, and the split count follows it: after one batch with a
+    single split and one with several, decode batches of every size 1-48 (split counts 1-32 on any GPU) give the
+    torch reference without compiling another variant of either kernel (a variant per count stalled the first
+    mixed step that met it for the compile, ~0.3 s, on an H200)."""
+    from minisgl.kernels import attention
+
+    def compiled() -> int:
+        device = torch.cuda.current_device()
+        return sum(len(kernel.device_caches[device][0])
+                   for kernel in (attention._decode_split_kernel, attention._decode_reduce_kernel))
+
+    def check(batch: int) -> None:
+        # One row of 2,000 tokens in each: the page table's width (a stride Triton specializes) stays the engine's
+        # one fixed width, as it is in serving.
+        kv_lens = [100 + 37 * i for i in range(batch - 1)] + [2000]
+        Case(kv_lens, [1] * batch, 16, 8, 128, 1, torch.bfloat16, seed=batch).check()
+
+    check(1)
+    check(48)
+    before = compiled()
+    for batch in range(1, 49):
+        check(batch)
+    assert compiled() == before
+
+
 @pytest.mark.parametrize("cache", list(CACHE_DTYPES))
 def test_attention_decode_replays_in_cuda_graph(cache):
     """Capture prepare + forward once, then replay with other lengths and pages in the same buffers
