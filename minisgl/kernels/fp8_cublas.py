@@ -16,7 +16,9 @@ test/test_scaled_matmul_cuda.py in pytorch/pytorch), `rejects` and `unavailable`
   `ScalingType.BlockWise128x128`, built with CUDA 12.9 or newer (the cuBLASLt that has the recipe);
 - weights in 128 x 128 blocks (per-channel weights stay on Triton: cuBLAS's per-channel recipe takes one
   activation scale per token, coarser than ours), unit stride along K, 16-byte aligned rows;
-- x in bfloat16 or float16, the output's dtype (float32 activations stay on Triton); a bias of the same dtype;
+- x in bfloat16 or float16, the output's dtype (float32 activations stay on Triton); a bias of the same dtype,
+  added after the GEMM (one more launch, for the few models with biased projections): cuBLAS's bias epilogue
+  with this recipe is not in torch's tests, so it is not relied on;
 - N a multiple of 16 and K of 512: cuBLAS reads the weight scales K-major with their count along K padded to a
   multiple of 4, which our [N / 128, K / 128] scales are as they stand only when K / 128 is (qwen3's
   projections are at TP 1 to 8); other K stay on Triton rather than pad the scales at every call.
@@ -54,18 +56,20 @@ DTYPES = (torch.bfloat16, torch.float16)
 MIN_CUDA = (12, 9)
 ENV = "MINISGL_FP8_CUBLAS"
 
-# (N, K) -> the smallest batch (rows of x) that cuBLAS serves; smaller ones take the Triton GEMM; None: never.
-# Seeded from a probe on an H200 (torch 2.11.0+cu130; device us per call over 20 back-to-back calls), qkv / o /
-# gate_up / down at 256, 1,024 and 4,096 rows: cuBLAS's GEMM 28 / 27 / 48 / 44, 45 / 31 / 166 / 83 and
-# 166 / 112 / 674 / 322, plus the activation quantization (~25 us; up to 80 for down's K at 8,192 rows); the
-# Triton GEMM with its quantization 66 / 61 / 84 / 65 (host-bound), 82 / 71 / 268 / 148 and 273 / 192 / 1,072 /
-# 551; bf16 F.linear 29 / 19 / 76 / 55, 73 / 47 / 268 / 135 and 263 / 180 / 1,068 / 517. Below 256 rows it was
-# not measured, so Triton keeps those. `python benchmarks/fp8.py --cublas --write` rewrites this table from
-# CUDA-graph timings of both paths.
+# (N, K) -> the smallest batch (rows of x) that cuBLAS serves, smaller ones taking the Triton GEMM (None: never).
+# `python benchmarks/fp8.py --cublas --write` rewrites the rows from CUDA-graph timings of both paths
+# (quantization included in each): the smallest timed M from which cuBLAS was the faster at every timed M.
+# The seed rows come from a probe on an H200 (torch 2.11.0+cu130; device us per call over 20 back-to-back
+# calls) at 256 / 1,024 / 4,096 rows: cuBLAS's GEMM (quantization, ~25 us, not included), the Triton GEMM
+# (included; host-bound at 256 rows) and bf16 F.linear. Below 256 rows nothing was measured: Triton keeps those.
 CUBLAS_FP8_MIN_M: dict[tuple[int, int], int | None] = {
+    # qkv: cuBLAS 28 / 45 / 166, Triton 66 / 82 / 273, bf16 29 / 73 / 263
     (6144, 4096): 256,
+    # o: cuBLAS 27 / 31 / 112, Triton 61 / 71 / 192, bf16 19 / 47 / 180
     (4096, 4096): 256,
+    # gate_up: cuBLAS 48 / 166 / 674, Triton 84 / 268 / 1,072, bf16 76 / 268 / 1,068
     (24576, 4096): 256,
+    # down: cuBLAS 44 / 83 / 322 (quantization 23-80 us at this K), Triton 65 / 148 / 551, bf16 55 / 135 / 517
     (4096, 12288): 256,
 }
 DEFAULT_MIN_M = 256  # shapes without a row (other models, other TP sizes)
@@ -174,5 +178,5 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.T
     m = x.shape[0]
     xq, sx = quantize_activation(x, BLOCK, rows=-(-m // ROW_ALIGN) * ROW_ALIGN)
     out = F.scaled_mm(xq, w.t(), sx.t(), F.ScalingType.BlockWise1x128, scale.t(), F.ScalingType.BlockWise128x128,
-                      bias=bias, output_dtype=x.dtype)
-    return out[:m]
+                      output_dtype=x.dtype)[:m]
+    return out if bias is None else out.add_(bias)
