@@ -21,7 +21,7 @@ from kernels.test_fp8_kernels import BLOCK128, GPU_SHAPES, TOL
 from minisgl.kernels import fp8_cublas
 from minisgl.kernels.fp8 import fp8_gemm
 from minisgl.kernels.fp8_cublas import fp8_scaled_mm, rejects, unavailable
-from minisgl.layers.activation import silu_and_mul_torch
+from minisgl.layers.activation import silu_and_mul
 from minisgl.layers.fp8 import fp8_linear_torch, quantize_weight
 from minisgl.layers.linear import fp8_linear
 from minisgl.quantization import Fp8Config
@@ -73,11 +73,10 @@ def test_float16_matches_the_reference_where_the_probe_passed():
 
 
 def test_fp8_layers_take_cublas_from_the_tables_row_and_triton_below(monkeypatch):
-    """Bit-equal to a direct call of the path they should take: cuBLAS at the table's row (down with
-    SiLU-and-mul first, as the model runs it), the Triton GEMM a row below it, for float32 activations and
-    per-channel weights, and with MINISGL_FP8_CUBLAS=0."""
-    n, k = GPU_SHAPES[0]
-    min_m = fp8_cublas.CUBLAS_FP8_MIN_M[(n, k)]
+    """Bit-equal to a direct call of the path they should take: cuBLAS at a shape's table row, the Triton GEMM
+    a row below it, for float32 activations and per-channel weights, and with MINISGL_FP8_CUBLAS=0; with =1,
+    down with SiLU-and-mul first, as the model runs it."""
+    n, k, min_m = next((n, k, m) for (n, k), m in fp8_cublas.CUBLAS_FP8_MIN_M.items() if m is not None and m > 17)
     x, w, scale, b = operands(min_m, n, k, True)
     assert torch.equal(fp8_linear(x, w, scale, BLOCK128, b), fp8_scaled_mm(x, w, scale, BLOCK128, b))
     assert torch.equal(fp8_linear(x[1:], w, scale, BLOCK128, b), fp8_gemm(x[1:], w, scale, BLOCK128, b))
@@ -85,13 +84,14 @@ def test_fp8_layers_take_cublas_from_the_tables_row_and_triton_below(monkeypatch
     assert torch.equal(fp8_linear(x32, w, scale, BLOCK128), fp8_gemm(x32, w, scale, BLOCK128))
     wc, sc = quantize_weight(w.float(), Fp8Config())
     assert torch.equal(fp8_linear(x, wc, sc, Fp8Config()), fp8_gemm(x, wc, sc, Fp8Config()))
-    n, k = GPU_SHAPES[3]
-    _, w2, s2, _ = operands(1, n, k, False)
-    xg = torch.randn(fp8_cublas.CUBLAS_FP8_MIN_M[(n, k)], 2 * k, device=CUDA).bfloat16()  # [gate | up]
-    assert torch.equal(fp8_linear(xg, w2, s2, BLOCK128, silu_mul=True),
-                       fp8_scaled_mm(silu_and_mul_torch(xg), w2, s2, BLOCK128))
     monkeypatch.setenv(fp8_cublas.ENV, "0")
     assert torch.equal(fp8_linear(x, w, scale, BLOCK128, b), fp8_gemm(x, w, scale, BLOCK128, b))
+    monkeypatch.setenv(fp8_cublas.ENV, "1")
+    n, k = GPU_SHAPES[3]
+    _, w2, s2, _ = operands(1, n, k, False)
+    xg = torch.randn(300, 2 * k, device=CUDA).bfloat16()  # [gate | up]
+    assert torch.equal(fp8_linear(xg, w2, s2, BLOCK128, silu_mul=True),
+                       fp8_scaled_mm(silu_and_mul(xg), w2, s2, BLOCK128))  # the layers' own
 
 
 @pytest.mark.parametrize("shape", [GPU_SHAPES[0], GPU_SHAPES[3]], ids=str)
