@@ -20,8 +20,8 @@ test/test_scaled_matmul_cuda.py in pytorch/pytorch), `rejects` and `unavailable`
   added after the GEMM (one more launch, for the few models with biased projections): cuBLAS's bias epilogue
   with this recipe is not in torch's tests, so it is not relied on;
 - N a multiple of 16 and K of 512: cuBLAS reads the weight scales K-major with their count along K padded to a
-  multiple of 4, which our [N / 128, K / 128] scales are as they stand only when K / 128 is (qwen3's
-  projections are at TP 1 to 8); other K stay on Triton rather than pad the scales at every call.
+  multiple of 4, which our [N / 128, K / 128] scales are as they stand only when K / 128 is (qwen3-8b's and
+  qwen3-30b-a3b's projections are, at TP 1 to 8); other K stay on Triton rather than pad the scales per call.
 
 x's rows are padded to a multiple of ROW_ALIGN with zeros (the output is the first M rows, a contiguous view):
 torch requires the activation scales' stride to be exactly the row count, and how cuBLASLt wants them aligned
