@@ -6,6 +6,9 @@
     python benchmarks/fp8.py --sweep --write   # ... and rewrites gemv.FP8_CONFIGS and fp8.FP8_GEMM_CONFIGS
     python benchmarks/fp8.py --rows 1 8        # only these batch sizes
     python benchmarks/fp8.py --chain           # a decode step's projections and norms, all 36 layers
+    python benchmarks/fp8.py --cublas          # prefill-sized batches: the Triton FP8 GEMM against cuBLAS's
+                                               # block-scaled FP8 GEMM (and bf16), M = 32..8192 (CUBLAS_M)
+    python benchmarks/fp8.py --cublas --write  # ... and rewrites fp8_cublas.CUBLAS_FP8_MIN_M
     MINISGL_NATIVE_GEMV=1 python benchmarks/fp8.py --chain   # ... with csrc's GEMV for the FP8 projections
                                                              # (=widen / =mma: only that variant)
 
@@ -20,6 +23,11 @@ that FP8 layers send to the GEMV, the GEMM's time is printed too (the reason for
 own weights, so that every read comes from HBM): add+RMSNorm, qkv, o (on qkv's first columns), add+RMSNorm,
 gate_up, SiLU-and-mul, down; bf16 and FP8, with SiLU-and-mul as its own launch or inside down's GEMV, and with
 programmatic dependent launch off and on.
+
+`--cublas` times each projection at each M of CUBLAS_M three ways (the time of both FP8 paths includes their
+activation-quantization launch): the Triton GEMM, cuBLAS's (`fp8_cublas.fp8_scaled_mm`) and bf16 F.linear;
+prints CUBLAS_FP8_MIN_M's rows (the smallest M from which cuBLAS was the faster at every larger M timed), and
+last the four projections' sum per M, times the layers (a prefill step's GEMM time).
 
 Where csrc's CUDA GEMVs are built (`python -m minisgl.tools.build_csrc`) and the GPU is a Hopper, each
 variant's time at each of its CTA heights (mma/16, mma/32 up to 8 rows; widen/8, widen/16 up to 2) is printed
@@ -42,8 +50,8 @@ from triton.runtime.errors import OutOfResources
 
 import minisgl.kernels
 from minisgl.kernels import fp8 as fp8_kernels
+from minisgl.kernels import fp8_cublas, native
 from minisgl.kernels import gemv as gemv_kernels
-from minisgl.kernels import native
 from minisgl.kernels.fp8 import FP8_GEMM_CONFIGS, Fp8GemmConfig, fp8_gemm, pick_config
 from minisgl.kernels.gemv import BLOCK_M, FP8_CONFIGS, GemvConfig, default_config, gemv
 from minisgl.kernels.norm import add_rms_norm
@@ -56,6 +64,7 @@ BLOCK = Fp8Config(block=(128, 128))
 ROWS = (1, 8, 16, 64, 128, 256, 1024, 4096)
 SWEEP_GEMV_M = (1, 8)
 SWEEP_GEMM_M = (128, 256, 4096)  # table rows: each serves the batches up to it (the last, all above)
+CUBLAS_M = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
 def rotated(weight: torch.Tensor) -> tuple[itertools.cycle, int]:
@@ -139,6 +148,60 @@ def chain(dims, gen: torch.Generator, replays: int) -> None:
                   + " | ".join(times) + " |", flush=True)
 
 
+def cublas_min_m(times: dict[int, tuple[float, float, float]]) -> int | None:
+    """The smallest M from which cuBLAS (times[m][2]) beat the Triton GEMM (times[m][1]) at every larger M."""
+    found = None
+    for m in sorted(times, reverse=True):
+        if times[m][2] >= times[m][1]:
+            break
+        found = m
+    return found
+
+
+def cublas(dims, gen: torch.Generator, replays: int, write: bool) -> None:
+    """us per call of the Triton FP8 GEMM, cuBLAS's FP8 GEMM and bf16 at prefill-sized batches (module docstring)."""
+    device = torch.cuda.get_device_name()
+    cuda = torch.device("cuda", torch.cuda.current_device())
+    reason = fp8_cublas.unavailable(cuda, torch.bfloat16)
+    assert reason is None, f"cuBLAS's block-scaled FP8 GEMM cannot run here: {reason}"
+    layers = {layer: nk for layer, nk in shapes(dims, 1).items() if layer != "lm_head"}
+    xs = {m: torch.randn(m, max(k for _, k in layers.values()), device="cuda", generator=gen).bfloat16()
+          for m in CUBLAS_M}
+    print(f"{device}, qwen3-8b TP 1, us per call (CUDA graph replay, weights from HBM), FP8 with its quantization")
+    step = {m: [0.0, 0.0, 0.0] for m in CUBLAS_M}  # bf16, Triton FP8, cuBLAS FP8
+    rows = []
+    for layer, (n, k) in layers.items():
+        w = torch.randn(n, k, device="cuda", generator=gen).div_(k**0.5).bfloat16()
+        wq, scale = quantize_weight(w, BLOCK)
+        bf16, calls = rotated(w)
+        fp8, fp8_calls = rotated(wq)
+        times = {}
+        for m in CUBLAS_M:
+            x = xs[m][:, :k]
+            times[m] = (time_per_call(lambda: torch.nn.functional.linear(x, next(bf16)), calls, replays),
+                        time_per_call(lambda: fp8_gemm(x, next(fp8), scale, BLOCK), fp8_calls, replays),
+                        time_per_call(lambda: fp8_cublas.fp8_scaled_mm(x, next(fp8), scale, BLOCK), fp8_calls,
+                                      replays))
+            for i, t in enumerate(times[m]):
+                step[m][i] += dims.layers * t
+            t_bf16, t_triton, t_cublas = times[m]
+            print(f"{layer:<8} {n:>6} {k:>6} M={m:<5} bf16 {t_bf16:>8.1f}  triton {t_triton:>8.1f}  cublas "
+                  f"{t_cublas:>8.1f}  cublas/triton {t_cublas / t_triton:.2f}  cublas/bf16 {t_cublas / t_bf16:.2f}",
+                  flush=True)
+        rows.append(f"    # {device} {layer}: cuBLAS / Triton / bf16 us at M = " + ", ".join(
+            f"{m}: {times[m][2]:.0f} / {times[m][1]:.0f} / {times[m][0]:.0f}" for m in (128, 256, 1024, 4096))
+            + f"\n    ({n}, {k}): {cublas_min_m(times)},")
+        print(rows[-1], flush=True)
+    if write:
+        rewrite_table(Path(fp8_cublas.__file__), "CUBLAS_FP8_MIN_M", rows)
+        print(f"rewrote CUBLAS_FP8_MIN_M in {fp8_cublas.__file__}")
+    print(f"\n{device}: prefill step = 4 projections x {dims.layers} layers, ms (FP8 with its quantization)")
+    print("| M | bf16 | FP8 Triton | FP8 cuBLAS | cuBLAS / Triton | cuBLAS / bf16 |\n|---|---|---|---|---|---|")
+    for m, (t_bf16, t_triton, t_cublas) in step.items():
+        print(f"| {m} | {t_bf16 / 1e3:.2f} | {t_triton / 1e3:.2f} | {t_cublas / 1e3:.2f} | {t_cublas / t_triton:.2f}x "
+              f"| {t_cublas / t_bf16:.2f}x |")
+
+
 def rewrite_table(path: Path, name: str, rows: list[str]) -> None:
     """Replace the body of the dict literal `NAME: ... = {...}` in a source file with `rows`."""
     pattern = re.compile(rf"^({re.escape(name)}: [^\n]*= )\{{(?:\}}|\n.*?\n\}})$", re.M | re.S)
@@ -150,17 +213,22 @@ def rewrite_table(path: Path, name: str, rows: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true")
-    parser.add_argument("--write", action="store_true", help="with --sweep: rewrite the tables in the sources")
+    parser.add_argument("--write", action="store_true", help="with --sweep or --cublas: rewrite its tables")
     parser.add_argument("--replays", type=int, default=10)
     parser.add_argument("--sweep-replays", type=int, default=2)
     parser.add_argument("--rows", type=int, nargs="+", default=ROWS, help="batch sizes timed per projection")
     parser.add_argument("--chain", action="store_true", help="only the decode-step chain (see above)")
+    parser.add_argument("--cublas", action="store_true", help="only Triton vs cuBLAS FP8 GEMMs (see above)")
     args = parser.parse_args()
     dims = MODELS["qwen3-8b"]
     gen = torch.Generator(device="cuda").manual_seed(0)
     if args.chain:
         with torch.inference_mode():
             chain(dims, gen, args.replays)
+        return
+    if args.cublas:
+        with torch.inference_mode():
+            cublas(dims, gen, args.replays, args.write)
         return
     device = torch.cuda.get_device_name()
     print(f"{device}, qwen3-8b TP 1, us per call (CUDA graph replay, weights from HBM)")

@@ -12,8 +12,11 @@
 #     ($HOME/peer/chunks, see ../shared/bench/PEER.md) and PEER (the .peer/c6 folder: the wheel's checksum and
 #     vLLM's dependencies), VLLM_USE_DEEP_GEMM=0 (its CUTLASS block-scaled FP8 GEMM: DeepGEMM's JIT warm-up
 #     takes minutes);
-#  3. the other FP8 GPU tests (kernels at full size with the FP8 experts, FP8 piecewise graphs, the GEMV engine);
-#  4. the decode-step micro-benchmark (benchmarks/fp8.py --chain); RUNS="1 8 16" adds the per-projection table.
+#  3. the other FP8 GPU tests (kernels at full size with the FP8 experts, cuBLAS's block-scaled GEMM, FP8
+#     piecewise graphs, the GEMV engine);
+#  4. the decode-step micro-benchmark (benchmarks/fp8.py --chain); RUNS="1 8 16" adds the per-projection table;
+#     CUBLAS=1 the prefill-sized Triton vs cuBLAS FP8 GEMMs (fp8.py --cublas --write: fp8_cublas.py, its table
+#     rewritten, is copied to $OUT to be committed).
 # SWEEP=1 retunes the tables before step 2 (benchmarks/fp8.py --sweep --write rewrites gemv.FP8_CONFIGS and
 # fp8.FP8_GEMM_CONFIGS, copied to $OUT to be committed; minutes).
 #
@@ -76,7 +79,8 @@ grep -h '^{' "$out/bench.log" "$out/vllm.log" > "$out/bench.jsonl" 2>/dev/null
 
 if [ "${TESTS:-1}" = 1 ] && fits 100 "the other GPU tests"; then
   timeout $((budget - SECONDS)) python3 -m pytest -q -p no:cacheprovider -k "not programmatic" \
-    tests/gpu/test_fp8_kernels_full_size.py tests/gpu/test_piecewise_graph.py::test_fp8_weights_in_bf16_pick_the_eager_forwards_tokens \
+    tests/gpu/test_fp8_kernels_full_size.py tests/gpu/test_fp8_scaled_mm.py \
+    tests/gpu/test_piecewise_graph.py::test_fp8_weights_in_bf16_pick_the_eager_forwards_tokens \
     tests/kernels/test_gemv.py::test_row_parallel_layer_with_silu_mul_equals_the_activation_then_the_layer \
     tests/gpu/test_gemv_engine.py >> "$out/tests.log" 2>&1
   log "tests: $(tail -1 "$out/tests.log")"
@@ -84,6 +88,11 @@ fi
 if [ "${CHAIN:-1}" = 1 ] && fits 60 "the decode chain"; then
   (cd benchmarks && timeout $((budget - SECONDS)) python3 fp8.py --chain) > "$out/fp8.log" 2>&1
   log "decode chain: exit $?"
+fi
+if [ "${CUBLAS:-0}" = 1 ] && fits 90 "the cuBLAS FP8 GEMM table"; then
+  (cd benchmarks && timeout $((budget - SECONDS)) python3 fp8.py --cublas --write) >> "$out/fp8.log" 2>&1
+  log "cuBLAS FP8 GEMMs: exit $?"
+  cp minisgl/kernels/fp8_cublas.py "$out/"
 fi
 if [ -n "${RUNS:-}" ] && fits 60 "the per-projection table"; then
   (cd benchmarks && timeout $((budget - SECONDS)) python3 fp8.py --rows $RUNS) >> "$out/fp8.log" 2>&1

@@ -65,29 +65,33 @@ def dot_e4m3(a, b, EMULATE: tl.constexpr):
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, ROWS: tl.constexpr, GROUP: tl.constexpr,
+def _quantize_kernel(x_ptr, q_ptr, s_ptr, M, M_OUT, K, stride_xm, ROWS: tl.constexpr, GROUP: tl.constexpr,
                      EMULATE: tl.constexpr):
-    """One group of ROWS rows of x: their e4m3 values (float32 when emulated) and scales."""
+    """One group of ROWS rows of x: their e4m3 values (float32 when emulated) and scales; rows from M up to
+    M_OUT (padding) get zeros."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     g = tl.program_id(1)
     k = g * GROUP + tl.arange(0, GROUP)
-    inside = (rows[:, None] < M) & (k[None, :] < K)
-    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + k[None, :], mask=inside, other=0.0)
+    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + k[None, :],
+                mask=(rows[:, None] < M) & (k[None, :] < K), other=0.0)
     q, scale = quantize_tile(x, 1, EMULATE)
-    tl.store(q_ptr + rows[:, None].to(tl.int64) * K + k[None, :], q, mask=inside)
-    tl.store(s_ptr + g * M + rows, scale, mask=rows < M)
+    tl.store(q_ptr + rows[:, None].to(tl.int64) * K + k[None, :], q, mask=(rows[:, None] < M_OUT) & (k[None, :] < K))
+    tl.store(s_ptr + g * M_OUT + rows, scale, mask=rows < M_OUT)
 
 
-def quantize_activation(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (e4m3 values [M, K], float32 scales [ceil(K / group), M]), per token and group. The
-    scales are stored group-major, so that the GEMM reads a tile's rows of one group contiguously."""
+def quantize_activation(x: torch.Tensor, group: int, rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (e4m3 values [rows, K], float32 scales [ceil(K / group), rows]), per token and group;
+    `rows` (default M) may exceed M, the rows past M then being zeros (cuBLAS takes a padded batch: see
+    `minisgl.kernels.fp8_cublas`). The scales are stored group-major, so that the GEMM reads a tile's rows of
+    one group contiguously."""
     m, k = x.shape
+    rows = m if rows is None else rows
     groups = triton.cdiv(k, group)
-    q = torch.empty(m, k, dtype=torch.float32 if EMULATE else torch.float8_e4m3fn, device=x.device)
-    scale = torch.empty(groups, m, dtype=torch.float32, device=x.device)
-    if m:
-        _quantize_kernel[(triton.cdiv(m, 16), groups)](x, q, scale, m, k, x.stride(0), ROWS=16, GROUP=group,
-                                                       EMULATE=EMULATE)
+    q = torch.empty(rows, k, dtype=torch.float32 if EMULATE else torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(groups, rows, dtype=torch.float32, device=x.device)
+    if rows:
+        _quantize_kernel[(triton.cdiv(rows, 16), groups)](x, q, scale, m, rows, k, x.stride(0), ROWS=16, GROUP=group,
+                                                          EMULATE=EMULATE)
     return q, scale
 
 
