@@ -188,8 +188,8 @@ def cublas(dims, gen: torch.Generator, replays: int, write: bool) -> None:
             print(f"{layer:<8} {n:>6} {k:>6} M={m:<5} bf16 {t_bf16:>8.1f}  triton {t_triton:>8.1f}  cublas "
                   f"{t_cublas:>8.1f}  cublas/triton {t_cublas / t_triton:.2f}  cublas/bf16 {t_cublas / t_bf16:.2f}",
                   flush=True)
-        rows.append(f"    # {device} {layer}: cuBLAS / Triton / bf16 us at M = " + ", ".join(
-            f"{m}: {times[m][2]:.0f} / {times[m][1]:.0f} / {times[m][0]:.0f}" for m in (128, 256, 1024, 4096))
+        rows.append(f"    # {device.removeprefix('NVIDIA ')} {layer}, cuBLAS/Triton/bf16 us at M " + ", ".join(
+            f"{m}: {times[m][2]:.0f}/{times[m][1]:.0f}/{times[m][0]:.0f}" for m in (128, 256, 1024, 4096))
             + f"\n    ({n}, {k}): {cublas_min_m(times)},")
         print(rows[-1], flush=True)
     if write:

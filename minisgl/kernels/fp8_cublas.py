@@ -59,18 +59,18 @@ ENV = "MINISGL_FP8_CUBLAS"
 # (N, K) -> the smallest batch (rows of x) that cuBLAS serves, smaller ones taking the Triton GEMM (None: never).
 # `python benchmarks/fp8.py --cublas --write` rewrites the rows from CUDA-graph timings of both paths
 # (quantization included in each): the smallest timed M from which cuBLAS was the faster at every timed M.
-# The seed rows come from a probe on an H200 (torch 2.11.0+cu130; device us per call over 20 back-to-back
-# calls) at 256 / 1,024 / 4,096 rows: cuBLAS's GEMM (quantization, ~25 us, not included), the Triton GEMM
-# (included; host-bound at 256 rows) and bf16 F.linear. Below 256 rows nothing was measured: Triton keeps those.
+# These rows: that run on an H200 (torch 2.11.0+cu130, 2026-11-26); summed over qwen3-8b's four projections
+# and 36 layers, cuBLAS took 0.92x the Triton GEMM's time at 64 rows, 0.73x at 256, 0.63x from 1,024 (0.65x
+# bf16's); at 32 rows, 0.98x.
 CUBLAS_FP8_MIN_M: dict[tuple[int, int], int | None] = {
-    # qkv: cuBLAS 28 / 45 / 166, Triton 66 / 82 / 273, bf16 29 / 73 / 263
-    (6144, 4096): 256,
-    # o: cuBLAS 27 / 31 / 112, Triton 61 / 71 / 192, bf16 19 / 47 / 180
-    (4096, 4096): 256,
-    # gate_up: cuBLAS 48 / 166 / 674, Triton 84 / 268 / 1,072, bf16 76 / 268 / 1,068
-    (24576, 4096): 256,
-    # down: cuBLAS 44 / 83 / 322 (quantization 23-80 us at this K), Triton 65 / 148 / 551, bf16 55 / 135 / 517
-    (4096, 12288): 256,
+    # H200 qkv, cuBLAS/Triton/bf16 us at M 128: 17/20/17, 256: 17/22/22, 1024: 48/71/68, 4096: 178/282/258
+    (6144, 4096): 32,
+    # H200 o, cuBLAS/Triton/bf16 us at M 128: 17/19/14, 256: 17/20/16, 1024: 32/50/44, 4096: 128/188/172
+    (4096, 4096): 32,
+    # H200 gate_up, cuBLAS/Triton/bf16 us at M 128: 36/47/54, 256: 48/71/72, 1024: 180/293/261, 4096: 695/1163/1103
+    (24576, 4096): 128,
+    # H200 down, cuBLAS/Triton/bf16 us at M 128: 41/53/34, 256: 43/57/43, 1024: 87/136/126, 4096: 391/587/561
+    (4096, 12288): 32,
 }
 DEFAULT_MIN_M = 256  # shapes without a row (other models, other TP sizes)
 
