@@ -43,6 +43,8 @@ logger = logging.getLogger(__name__)
 WARM_UP_LENGTHS = (4, 24, 48, 96, 192, 384, 768, 1536)
 PREFILL_FLOOR = 64  # prefill tokens a step may always carry beside decodes (Scheduler._prefill_room)
 MIN_TIMED_DECODES = 32  # fewer decodes than this: the token budget alone bounds a step (Scheduler._prefill_room)
+BACKLOG_STEPS = 4  # more prompt tokens waiting than this many steps at K take in: a backlog (see _prefill_room)
+BACKLOG_RATIO = 2.0  # K is this much larger while there is one
 
 
 class Scheduler:
@@ -268,7 +270,8 @@ class Scheduler:
     def _prefill_room(self, decodes: list[Req]) -> int:
         """Prefill tokens the next step may carry beside `decodes`: what is left of the token budget and, while at
         least MIN_TIMED_DECODES requests decode (with --max-mixed-step-ratio K and a measured step cost model), no
-        more than keeps the step within K times the cost of those decodes alone.
+        more than keeps the step within K times the cost of those decodes alone, or BACKLOG_RATIO x K while more
+        prompt tokens wait than BACKLOG_STEPS such steps would take in.
 
         Why by time: a running stream's inter-token gap is its step's time, and what a prefill token adds to
         that depends on what else the step holds. By the start-up model of qwen3-0.6b on an H100, a chunk
@@ -280,18 +283,31 @@ class Scheduler:
         gap percentiles count stalls: at 16 streams the cap raised ITL p99 (qwen3-0.6b 6.1 / 6.7 ms at K = 3 /
         2; qwen3-8b 27.7 ms, against 8.6 ms unchunked in an earlier session), while at 64 streams it lowered it.
         At least PREFILL_FLOOR tokens, so a prompt always advances; without decodes the budget alone rules
-        (nobody waits on the step). K trades TTFT for the tail: at 64 streams K = 2 against 3 gave ITL p99
-        14.9 / 16.7 ms and TTFT p99 333 / 248 ms (docs/benchmarks.md, 2026-11-25 online). A ratio loosened by the
-        waiting backlog (K * B with B budgets waiting) was tried on an H200 at 256 streams: it drains a burst at
-        the budget's pace, as vLLM does, and lands where vLLM is (qwen3-8b TTFT p99 4.3 s, ITL p99 200 ms, TTFT
-        p50 1.6 s against K's 5.6 s, 76 ms, 0.65 s): no better than vLLM anywhere, so K stays fixed
-        (docs/benchmarks.md, 2026-11-26)."""
+        (nobody waits on the step).
+
+        Why two ratios: one K cannot serve a trickle of prompts and a burst. A small K keeps the gaps short while
+        prompts come one or two at a time, but drains a burst slowly: its prompts wait (TTFT) and their decodes
+        join late (throughput). On an H200 (docs/benchmarks.md, 2026-11-26 session 2) a fixed K = 2 against 3
+        cut qwen3-0.6b's ITL p99 at 64 streams (7.4 / 9.7 ms) but at 256 streams raised qwen3-8b's TTFT p99
+        (6.3 / 5.2 s) and cut its throughput (7,650 / 7,985 tok/s). K = 2 raised to 4 under a backlog gave
+        8,176-8,181 tok/s and TTFT p99 4.6-4.9 s there, and qwen3-0.6b's TTFT / ITL p99 at 256 streams 630 /
+        28.2 ms (K = 3: 646 / 27.7). A larger ratio still (K times the budgets waiting: vLLM's operating point,
+        tried in the session before) lengthened the gaps to vLLM's (ITL p99 200 ms at 256 streams) for no gain
+        in TTFT p99. The backlog is counted in tokens, not waiting time, so that tensor-parallel ranks agree."""
         room = self.max_prefill_tokens - len(decodes)
         if len(decodes) < self.min_timed_decodes or not self.step_ratio or self.engine.step_cost is None \
                 or room <= PREFILL_FLOOR:
             return room
-        timed = self.engine.step_cost.prefill_room(len(decodes), sum(r.kv_len for r in decodes), self.step_ratio, room)
+        cost, kv_tokens = self.engine.step_cost, sum(r.kv_len for r in decodes)
+        timed = cost.prefill_room(len(decodes), kv_tokens, self.step_ratio, room)
+        if self._prompt_backlog() > BACKLOG_STEPS * timed:
+            timed = cost.prefill_room(len(decodes), kv_tokens, BACKLOG_RATIO * self.step_ratio, room)
         return max(PREFILL_FLOOR, timed)
+
+    def _prompt_backlog(self) -> int:
+        """Prompt tokens not computed yet: the running requests' unfinished prompts and the waiting ones'."""
+        running = sum(r.device_len - r.kv_len for r in self.running if r.device_len - r.kv_len > 1)
+        return running + sum(r.seq_len - r.kv_len for r in self.waiting)
 
     def _constrained(self, batch: Batch) -> bool:
         """Some request the batch samples for has a grammar."""

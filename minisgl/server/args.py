@@ -148,11 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="--piecewise-cuda-graph-max-tokens 0")
     accepted(engine, "--enable-piecewise-cuda-graph", by="SGLang's",
              does="piecewise CUDA graphs are on unless --disable-piecewise-cuda-graph")
-    engine.add_argument("--max-mixed-step-ratio", type=float, default=3.0,
+    engine.add_argument("--max-mixed-step-ratio", type=float, default=2.0,
                         help="a step that mixes prefill chunks into 32 or more running decodes may cost at most "
                              "this multiple of the decode step alone, by a model of the device's step time measured "
                              "at start-up (CUDA, with piecewise graphs): it bounds the inter-token gap a prompt "
-                             "arriving under load causes; 0: only the token budget bounds the chunks (default: 3)")
+                             "arriving under load causes, and twice it while more prompt tokens wait than four such "
+                             "steps take in; 0: only the token budget bounds the chunks (default: 2)")
     engine.add_argument("--disable-overlap-schedule", "--no-async-scheduling", action="store_true",
                         help="run each step to completion before scheduling the next (overlap is on by default; "
                              "vLLM calls it async scheduling)")

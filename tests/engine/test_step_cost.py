@@ -35,9 +35,9 @@ def test_prefill_room_grows_with_what_the_decodes_already_cost_and_stops_at_the_
     assert COST.prefill_room(16, 10**7, 3.0, 8192) == 8192
 
 
-def test_the_server_keeps_mixed_steps_within_three_decode_steps_unless_told(tiny_models):
+def test_the_server_keeps_mixed_steps_within_two_decode_steps_unless_told(tiny_models):
     base = ["--model", tiny_models["qwen3"], "--device", "cpu"]
-    assert parse_args(base).engine.max_mixed_step_ratio == 3.0
+    assert parse_args(base).engine.max_mixed_step_ratio == 2.0
     assert parse_args(base + ["--max-mixed-step-ratio", "0"]).engine.max_mixed_step_ratio == 0
     assert EngineArgs(tiny_models["qwen3"]).max_mixed_step_ratio == 0  # offline: throughput first
     with pytest.raises(ValueError, match="max_mixed_step_ratio"):
