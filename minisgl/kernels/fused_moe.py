@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minisgl.kernels.fp8 import EMULATE, dot_e4m3, quantize_activation, scale_strides
+from minisgl.kernels.fp8 import EMULATE, dot_e4m3, quantize_activation, quantize_tile, scale_strides
 from minisgl.quantization import Fp8Config
 
 # Align: up to PAIRS_PER_PROGRAM pairs (decode batches) are sorted by a single program in one launch;
@@ -188,14 +188,16 @@ def _expert_gemm_kernel(a_ptr, b_ptr, c_ptr, sorted_ptr, block_expert_ptr, num_p
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                         GATED: tl.constexpr, WEIGHTED: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
                         s_ptr, stride_se, stride_sn, stride_sk, sa_ptr, stride_sag, SCALE_ROWS: tl.constexpr,
-                        FP8: tl.constexpr, TILE_SCALE: tl.constexpr, EMULATE: tl.constexpr):
+                        FP8: tl.constexpr, QUANTIZE_A: tl.constexpr, TILE_SCALE: tl.constexpr,
+                        EMULATE: tl.constexpr):
     """C[pair, :N] = A[pair // rows_per_token] @ B[expert].T for one [BLOCK_M, BLOCK_N] tile of sorted pairs.
 
     GATED: B holds gate rows then up rows (N each) and C = silu(gate) * up. WEIGHTED: C is scaled by the
     pair's routing weight. Padding rows (index num_pairs) are neither read nor written. PRECISION is
-    "ieee" for float32 inputs, as torch's own matmul (no TF32). FP8: A and B are e4m3 (float32 holding e4m3
-    values when EMULATE), BLOCK_K is the scale group, A's scales are at sa_ptr [K / BLOCK_K, A's rows]
-    (group-major, as `quantize_activation` writes them) and B's at s_ptr [E, rows / SCALE_ROWS, K / BLOCK_K];
+    "ieee" for float32 inputs, as torch's own matmul (no TF32). FP8: B is e4m3 with scales at s_ptr
+    [E, rows / SCALE_ROWS, K / BLOCK_K] and BLOCK_K is the scale group; A is e4m3 too (float32 holding e4m3
+    values when EMULATE) with scales at sa_ptr [K / BLOCK_K, A's rows] (group-major, as
+    `quantize_activation` writes them), or with QUANTIZE_A in x's dtype, each tile quantized per row here;
     TILE_SCALE: the tile's gate rows (and its up rows) lie in one weight block, so each group's weight scale
     is one number, folded into the rows' activation scales (one multiply-add per element, as in the FP8 GEMM).
     """
@@ -240,7 +242,9 @@ def _expert_gemm_kernel(a_ptr, b_ptr, c_ptr, sorted_ptr, block_expert_ptr, num_p
             b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
             if GATED:
                 b_up = tl.load(b_ptrs + N * stride_bn, mask=k_ok[:, None], other=0.0)
-        if FP8:
+        if FP8 and QUANTIZE_A:
+            a, sa = quantize_tile(a, 1, EMULATE)
+        elif FP8:
             sa = tl.load(sa_ptr + k * stride_sag + tokens, mask=row_ok, other=0.0)
         if FP8 and TILE_SCALE:
             acc += dot_e4m3(a, b, EMULATE) * (sa * tl.load(s_ptrs + k * stride_sk))[:, None]
@@ -265,9 +269,13 @@ def _expert_gemm_kernel(a_ptr, b_ptr, c_ptr, sorted_ptr, block_expert_ptr, num_p
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n < N)[None, :])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class MoEConfig:
-    """Tiles of both expert GEMMs; block_m is also the padding of the align step (tl.dot needs >= 16)."""
+    """Tiles of both expert GEMMs; block_m is also the padding of the align step (tl.dot needs >= 16).
+
+    in_tile (FP8 experts): each program quantizes its activation tiles in registers instead of reading
+    them quantized by a launch of their own. The work is redone by every column block, but the two
+    launches are saved: the choice of the smallest batches, whose GEMMs read only a few experts."""
 
     block_m: int
     block_n: int
@@ -275,6 +283,13 @@ class MoEConfig:
     group_m: int
     num_warps: int
     num_stages: int
+    in_tile: bool = False
+
+    def __repr__(self) -> str:
+        """As the tables spell a row (in_tile only where set)."""
+        tail = ", in_tile=True" if self.in_tile else ""
+        return (f"MoEConfig(block_m={self.block_m}, block_n={self.block_n}, block_k={self.block_k}, "
+                f"group_m={self.group_m}, num_warps={self.num_warps}, num_stages={self.num_stages}{tail})")
 
 
 # Per (experts, I_local, hidden): rows of (up to this many tokens, config), ascending; the first row that
@@ -308,12 +323,13 @@ CONFIGS: dict[tuple[int, int, int], tuple[tuple[int, MoEConfig], ...]] = {
 
 # FP8 experts (e4m3 weights, activations quantized per token and group): the same key and format, BLOCK_K the
 # scale group (128). `benchmarks/moe.py --fp8 --sweep --write` rewrites these rows; until it has run on the
-# GPU they are CONFIGS' rows with BLOCK_K 128.
+# GPU they are CONFIGS' rows with BLOCK_K 128, quantizing in the tiles up to 32 tokens (as every row did
+# before this table: a decode step of few tokens reads few experts, and two more launches would show).
 FP8_CONFIGS: dict[tuple[int, int, int], tuple[tuple[int, MoEConfig], ...]] = {
     (128, 768, 2048): (
-        (1, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=4)),
-        (4, MoEConfig(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=3)),
-        (32, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=4)),
+        (1, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=4, in_tile=True)),
+        (4, MoEConfig(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=3, in_tile=True)),
+        (32, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=4, in_tile=True)),
         (64, MoEConfig(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=3)),
         (128, MoEConfig(block_m=16, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=3)),
         (256, MoEConfig(block_m=32, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=3)),
@@ -322,10 +338,10 @@ FP8_CONFIGS: dict[tuple[int, int, int], tuple[tuple[int, MoEConfig], ...]] = {
         (16384, MoEConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=3)),
     ),
     (128, 384, 2048): (
-        (1, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=4)),
-        (2, MoEConfig(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=3)),
-        (4, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=4)),
-        (8, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=3)),
+        (1, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=4, in_tile=True)),
+        (2, MoEConfig(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=3, in_tile=True)),
+        (4, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=4, in_tile=True)),
+        (8, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=3, in_tile=True)),
         (64, MoEConfig(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=3)),
         (128, MoEConfig(block_m=16, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=3)),
         (256, MoEConfig(block_m=32, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=3)),
@@ -362,16 +378,21 @@ def pick_config(num_tokens: int, top_k: int, w13: torch.Tensor) -> MoEConfig:
 SMEM_LIMIT = 232448
 
 
-def shared_memory(config: MoEConfig, a_size: int, w_size: int, gated: bool = True) -> int:
-    """Bytes of shared memory the expert GEMM asks for, from the element sizes of its activations A and of
-    the weights (FP8 experts: both 1, e4m3). Triton pipelines the loop's loads: A, the [BLOCK_M, BLOCK_K]
-    tile of x, and B, the [BLOCK_K, BLOCK_N] weight tile (gate and up tiles when gated), are kept num_stages
-    deep where both go straight to the tensor cores; float32 (ieee, on the CUDA cores) keeps num_stages - 1
-    of both. Exact for Triton 3.9 on sm_90 where the tiles go to wgmma (BLOCK_M >= 64), an upper bound for
-    the narrower mma.sync tiles (figures from `benchmarks/moe_smem.py`, in tests/kernels/test_moe_smem.py)."""
+def shared_memory(config: MoEConfig, x_size: int, w_size: int, gated: bool = True) -> int:
+    """Bytes of shared memory the expert GEMM asks for, from the element sizes of x and of the weights
+    (1: e4m3). Triton pipelines the loop's loads: A, the [BLOCK_M, BLOCK_K] tile of x, and B, the
+    [BLOCK_K, BLOCK_N] weight tile (gate and up tiles when gated), are kept num_stages deep where both go
+    straight to the tensor cores, as e4m3 A (x quantized before the GEMM) does; float32 (ieee, on the CUDA
+    cores) keeps num_stages - 1 of both; FP8 in_tile keeps A in x's dtype num_stages - 1 deep and
+    adds its e4m3 copy for the MMA. Exact for Triton 3.9 on sm_90 where the tiles go to wgmma (BLOCK_M >=
+    64), an upper bound for the narrower mma.sync tiles (figures from `benchmarks/moe_smem.py`, in
+    tests/kernels/test_moe_smem.py)."""
+    a_size = 1 if w_size == 1 and not config.in_tile else x_size
     a = config.block_m * config.block_k * a_size
     b = config.block_k * config.block_n * w_size * (2 if gated else 1)
     stages = config.num_stages
+    if w_size == 1 and config.in_tile:
+        return (stages - 1) * a + stages * b + config.block_m * config.block_k
     if a_size == 4:
         return (stages - 1) * (a + b)
     return stages * (a + b)
@@ -386,15 +407,15 @@ def shared_memory_limit(device: torch.device) -> int:
 
 
 @functools.cache
-def fit_shared_memory(config: MoEConfig, a_size: int, w_size: int, limit: int) -> MoEConfig:
+def fit_shared_memory(config: MoEConfig, x_size: int, w_size: int, limit: int) -> MoEConfig:
     """config with fewer stages (down to 2), then (not FP8, whose BLOCK_K is the scale group) a shorter
     BLOCK_K, then a narrower BLOCK_N, until the gate/up GEMM (the larger of the two) fits `limit` bytes.
 
     The tables and the heuristic were tuned with 2-byte activations; float32 x doubles the A tile, and a
     config that does not fit fails at its launch (OutOfResources), e.g. FP8 experts of a float32 model
-    took 245,760 bytes of an H200's 232,448 with 128 x 128 x 128 tiles in 3 stages when they quantized x
-    in registers. Configs that fit are returned unchanged."""
-    while shared_memory(config, a_size, w_size) > limit:
+    took 245,760 bytes of an H200's 232,448 with 128 x 128 x 128 tiles in 3 stages, in_tile.
+    Configs that fit are returned unchanged."""
+    while shared_memory(config, x_size, w_size) > limit:
         if config.num_stages > 2:
             config = replace(config, num_stages=config.num_stages - 1)
         elif w_size > 1 and config.block_k > 32:
@@ -407,13 +428,11 @@ def fit_shared_memory(config: MoEConfig, a_size: int, w_size: int, limit: int) -
 
 
 def launch_config(config: MoEConfig, x: torch.Tensor, w13: torch.Tensor, fp8: Fp8Config | None) -> MoEConfig:
-    """The tiles both expert GEMMs launch with: FP8 steps through K one scale group at a time, on e4m3
-    activations whatever x's dtype, and the tiles must fit the device's shared memory for these element
-    sizes (`fit_shared_memory`)."""
+    """The tiles both expert GEMMs launch with: FP8 steps through K one scale group at a time, and the
+    tiles must fit the device's shared memory for these element sizes (`fit_shared_memory`)."""
     if fp8:
         config = replace(config, block_k=fp8.group)
-    a_size = 1 if fp8 else x.element_size()
-    return fit_shared_memory(config, a_size, w13.element_size(), shared_memory_limit(x.device))
+    return fit_shared_memory(config, x.element_size(), w13.element_size(), shared_memory_limit(x.device))
 
 
 def expert_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, aligned: tuple[torch.Tensor, ...],
@@ -423,7 +442,7 @@ def expert_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, aligned: tu
     """out[pair] = a[pair // rows_per_token] @ b[expert of pair].T over the aligned pairs; a gated b
     (2 * out columns rows) gives silu(gate) * up, weights [pairs] scale each pair's row. An e4m3 b comes
     with its `scale` [E, ...] and `fp8` settings, and a quantized with its `a_scale` [groups, rows]
-    (`quantize_activation`); config.block_k must be the scale group."""
+    (`quantize_activation`) unless config.in_tile; config.block_k must be the scale group."""
     sorted_ids, block_expert, num_padded = aligned
     stride_sn, stride_sk = scale_strides(scale, fp8) if fp8 else (0, 0)
     n, k = out.shape[1], b.shape[2]
@@ -439,8 +458,9 @@ def expert_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, aligned: tu
         BLOCK_K=config.block_k, GROUP_M=config.group_m, GATED=gated, WEIGHTED=weights is not None,
         EVEN_K=k % config.block_k == 0, PRECISION="ieee" if a.dtype == torch.float32 else None,
         s_ptr=scale if fp8 else out, stride_se=scale.stride(0) if fp8 else 0, stride_sn=stride_sn,
-        stride_sk=stride_sk, sa_ptr=a_scale if fp8 else out, stride_sag=a_scale.stride(0) if fp8 else 0,
-        SCALE_ROWS=fp8.scale_rows if fp8 else 1, FP8=fp8 is not None, TILE_SCALE=tile_scale, EMULATE=EMULATE,
+        stride_sk=stride_sk, sa_ptr=out if a_scale is None else a_scale,
+        stride_sag=0 if a_scale is None else a_scale.stride(0), SCALE_ROWS=fp8.scale_rows if fp8 else 1,
+        FP8=fp8 is not None, QUANTIZE_A=fp8 is not None and config.in_tile, TILE_SCALE=tile_scale, EMULATE=EMULATE,
         num_warps=config.num_warps, num_stages=config.num_stages)
 
 
@@ -449,8 +469,8 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
                   fp8: Fp8Config | None = None) -> torch.Tensor:
     """Same result as `experts_torch`: x [T, H], w13 [E, 2 * I, H] (gate rows then up rows), w2 [E, H, I],
     weights/ids [T, top_k] -> [T, H]; e4m3 experts come with their (w13, w2) `scales` and `fp8` settings
-    (then each GEMM's input is quantized once, by its own launch). config overrides the table (tests,
-    tuning); either is fitted to the shared memory (`launch_config`)."""
+    (then each GEMM's input is quantized once, by its own launch, unless config.in_tile). config
+    overrides the table (tests, tuning); either is fitted to the shared memory (`launch_config`)."""
     num_tokens, hidden = x.shape
     top_k = ids.shape[1]
     config = launch_config(config or pick_config(num_tokens, top_k, w13), x, w13, fp8)
@@ -459,7 +479,7 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
     pairs = num_tokens * top_k
 
     def operand(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return quantize_activation(a, fp8.group) if fp8 else (a, None)
+        return quantize_activation(a, fp8.group) if fp8 and not config.in_tile else (a, None)
 
     act = torch.empty(pairs, w2.shape[2], dtype=x.dtype, device=x.device)
     a, a_scale = operand(x)

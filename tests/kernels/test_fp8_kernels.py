@@ -89,15 +89,18 @@ def test_fp8_gemv_with_silu_mul(m):
 
 
 @pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
+@pytest.mark.parametrize("in_tile", [False, True], ids=["x_quantized_once", "x_quantized_in_tiles"])
 @pytest.mark.parametrize("block_n", [16, 32], ids=["tile_in_block", "tile_over_blocks"])
 @pytest.mark.parametrize("scales", list(SMALL))
 @pytest.mark.parametrize("tokens", [1, 9])
-def test_fp8_fused_experts_small(scales, tokens, block_n):
+def test_fp8_fused_experts_small(scales, tokens, block_n, in_tile):
     """8 experts, top 2, hidden 64, intermediate 48 (not a multiple of the 32-column group). With 16-row
     blocks a 16-column tile takes one weight scale per group, a 32-column one (past N = 48: wrapped) one
-    per column."""
+    per column. The GEMMs take x (and the gate/up output) quantized by a launch of their own, or quantize
+    them in their tiles."""
     check_experts(tokens, 8, 2, 64, 48, SMALL[scales], MoEConfig(block_m=16, block_n=block_n, block_k=32,
-                                                                  group_m=1, num_warps=4, num_stages=1))
+                                                                  group_m=1, num_warps=4, num_stages=1,
+                                                                  in_tile=in_tile))
 
 
 @pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")

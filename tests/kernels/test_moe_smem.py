@@ -1,11 +1,10 @@
 """The fused MoE's tiles fit the GPU's shared memory whatever the activation dtype (issue 22: FP8 experts of a
-float32 model asked an H200 for 245,760 bytes of its 232,448 and failed to launch, when they quantized x in
-registers; they now take x quantized to e4m3, whatever its dtype).
+float32 model asked an H200 for 245,760 bytes of its 232,448 and failed to launch).
 
 MEASURED holds Triton 3.9's own figures for the expert GEMM compiled for sm_90 (H100/H200), read back
 without a GPU by `python benchmarks/moe_smem.py`: (block_m, block_n, block_k, num_warps, num_stages, bytes of
-an activation element, bytes of a weight element) -> (gate/up GEMM, down GEMM). `shared_memory` must never be
-below them, and is exact where the tiles go to wgmma (block_m >= 64).
+an x element, bytes of a weight element, in_tile) -> (gate/up GEMM, down GEMM). `shared_memory` must
+never be below them, and is exact where the tiles go to wgmma (block_m >= 64).
 """
 
 from __future__ import annotations
@@ -31,49 +30,63 @@ from minisgl.quantization import Fp8Config
 
 H200_LIMIT = 232448  # also the H100's opt-in limit
 MEASURED = {
-    # e4m3 activations and weights
-    (128, 128, 128, 8, 3, 1, 1): (147456, 98304),  # the issue's failing tiles (245,760 bytes with float32 x)
-    (64, 128, 128, 8, 4, 1, 1): (163840, 98304),  # qwen3-30b-a3b's row of 1,024 tokens
-    (64, 64, 128, 4, 3, 1, 1): (73728, 49152),
-    (32, 64, 128, 4, 3, 1, 1): (40960, 24576),
-    (16, 64, 128, 4, 3, 1, 1): (36864, 20480),
-    (16, 32, 128, 4, 4, 1, 1): (30720, 18432),
+    # e4m3 weights, x quantized in registers
+    (128, 128, 128, 8, 3, 4, 1, True): (245760, 196608),  # the issue's failure: default tiles, float32 x
+    (128, 128, 128, 8, 3, 2, 1, True): (180224, 131072),
+    (64, 128, 128, 8, 4, 4, 1, True): (237568, 172032),  # qwen3-30b-a3b's row of 1,024 tokens, float32 x
+    (64, 128, 128, 8, 4, 2, 1, True): (188416, 122880),
+    (64, 64, 128, 4, 3, 4, 1, True): (122880, 98304),
+    (32, 64, 128, 4, 3, 4, 1, True): (73728, 57344),
+    (16, 64, 128, 4, 3, 4, 1, True): (53248, 36864),
+    (16, 32, 128, 4, 4, 2, 1, True): (40960, 28672),
+    # e4m3 weights and x quantized by its own launch (x's dtype has no bearing)
+    (128, 128, 128, 8, 3, 4, 1, False): (147456, 98304),  # the issue's tiles, which now fit in float32
+    (64, 128, 128, 8, 4, 2, 1, False): (163840, 98304),  # qwen3-30b-a3b's row of 1,024 tokens
+    (64, 64, 128, 4, 3, 2, 1, False): (73728, 49152),
+    (32, 64, 128, 4, 3, 2, 1, False): (40960, 24576),
+    (16, 64, 128, 4, 3, 2, 1, False): (36864, 20480),
+    (16, 32, 128, 4, 4, 2, 1, False): (30720, 18432),
     # plain weights of x's dtype
-    (128, 128, 64, 8, 3, 2, 2): (147456, 98304),
-    (64, 128, 64, 8, 4, 2, 2): (163840, 98304),
-    (16, 128, 128, 4, 3, 2, 2): (139264, 73728),
-    (64, 128, 64, 8, 4, 4, 4): (245760, 147456),  # qwen3-30b-a3b's row of 1,024 tokens in float32
-    (16, 128, 128, 4, 3, 4, 4): (278528, 147456),  # and its row of 64 tokens
-    (32, 64, 128, 4, 3, 4, 4): (163840, 98304),
+    (128, 128, 64, 8, 3, 2, 2, False): (147456, 98304),
+    (64, 128, 64, 8, 4, 2, 2, False): (163840, 98304),
+    (16, 128, 128, 4, 3, 2, 2, False): (139264, 73728),
+    (64, 128, 64, 8, 4, 4, 4, False): (245760, 147456),  # qwen3-30b-a3b's row of 1,024 tokens in float32
+    (16, 128, 128, 4, 3, 4, 4, False): (278528, 147456),  # and its row of 64 tokens
+    (32, 64, 128, 4, 3, 4, 4, False): (163840, 98304),
 }
 X_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 FP8_SCALES = [Fp8Config(), Fp8Config(block=(128, 128))]
 
 
-def tiles(block_m, block_n, block_k, num_warps, num_stages) -> MoEConfig:
-    return MoEConfig(block_m, block_n, block_k, group_m=8, num_warps=num_warps, num_stages=num_stages)
+def tiles(block_m, block_n, block_k, num_warps, num_stages, in_tile=False) -> MoEConfig:
+    return MoEConfig(block_m, block_n, block_k, group_m=8, num_warps=num_warps, num_stages=num_stages,
+                     in_tile=in_tile)
 
 
 @pytest.mark.parametrize("key", list(MEASURED), ids=str)
 def test_shared_memory_bounds_what_triton_allocates(key):
-    *shape, x_size, w_size = key
-    model = [shared_memory(tiles(*shape), x_size, w_size, gated) for gated in (True, False)]
+    *shape, x_size, w_size, in_tile = key
+    model = [shared_memory(tiles(*shape, in_tile), x_size, w_size, gated) for gated in (True, False)]
     measured = list(MEASURED[key])
     assert all(m >= got for m, got in zip(model, measured)), (model, measured)
     if shape[0] >= 64:
         assert model == measured
 
 
-def test_fp8_tiles_do_not_depend_on_the_activation_dtype():
+def test_the_failing_config_is_reproduced_and_shrunk():
     """The tiny qwen3_moe of test_fp8_weights.py (8 experts, top 2, hidden 64) at a prefill-sized batch, in
-    float32 with per-channel FP8 experts: the heuristic's 128 x 128 tiles (BLOCK_K the 128-column group),
-    which asked for 245,760 bytes when x was quantized in registers, launch as picked on e4m3 x."""
+    float32 with per-channel FP8 experts: the heuristic's 128 x 128 tiles (BLOCK_K the 128-column group).
+    Quantizing x in the tiles it does not fit; x quantized by its own launch (the default) it does."""
     x = torch.empty(8192, 64, dtype=torch.float32, device="meta")
     w13 = torch.empty(8, 64, 64, dtype=torch.float8_e4m3fn, device="meta")
     picked = replace(pick_config(8192, 2, w13), block_k=128)
-    assert (picked.block_m, picked.block_n, picked.num_stages) == (128, 128, 3)
-    assert launch_config(pick_config(8192, 2, w13), x, w13, Fp8Config()) == picked
-    assert shared_memory(picked, 1, 1) == 147456 <= H200_LIMIT
+    assert launch_config(picked, x, w13, Fp8Config()) == picked
+    assert shared_memory(picked, 4, 1) == 147456
+    in_tile = replace(picked, in_tile=True)
+    assert shared_memory(in_tile, 4, 1) == 245760 > H200_LIMIT
+    launched = launch_config(in_tile, x, w13, Fp8Config())
+    assert launched == replace(in_tile, num_stages=2)  # one stage fewer, the same tiles
+    assert shared_memory(launched, 4, 1) <= H200_LIMIT
 
 
 def chooser_configs() -> list[tuple[int, int, int, int, int]]:
@@ -91,8 +104,7 @@ def chooser_configs() -> list[tuple[int, int, int, int, int]]:
 def test_every_launched_config_fits_and_two_byte_activations_are_unchanged(x_dtype, weights):
     """Whatever the table or the heuristic picks, launched with float32, float16 or bfloat16 x and e4m3
     (block or per-channel scales), bfloat16 or x-typed weights, fits the H100/H200's shared memory; with
-    2-byte x, or e4m3 weights (x quantized first), it is the picked config itself (FP8: with BLOCK_K the
-    scale group)."""
+    2-byte x it is the picked config itself (FP8: with BLOCK_K the scale group)."""
     w_dtype = {"e4m3": torch.float8_e4m3fn, "bf16": torch.bfloat16, "x": x_dtype}[weights]
     for fp8 in FP8_SCALES if weights == "e4m3" else [None]:
         for tokens, top_k, experts, inter, hidden in chooser_configs():
@@ -101,9 +113,8 @@ def test_every_launched_config_fits_and_two_byte_activations_are_unchanged(x_dty
             picked = pick_config(tokens, top_k, w13)
             picked = replace(picked, block_k=fp8.group) if fp8 else picked
             launched = launch_config(pick_config(tokens, top_k, w13), x, w13, fp8)
-            a_size = 1 if fp8 else x_dtype.itemsize
-            assert shared_memory(launched, a_size, w_dtype.itemsize) <= H200_LIMIT, (launched, tokens)
-            if a_size <= 2 and w_dtype.itemsize <= 2:
+            assert shared_memory(launched, x_dtype.itemsize, w_dtype.itemsize) <= H200_LIMIT, (launched, tokens)
+            if x_dtype.itemsize == 2 and w_dtype.itemsize <= 2:
                 assert launched == picked
 
 
@@ -114,10 +125,10 @@ def test_fit_shrinks_stages_then_block_k_then_block_n():
     assert fit_shared_memory(big, 4, 4, need[2]) == replace(big, num_stages=2)
     assert fit_shared_memory(big, 4, 4, need[2] - 1) == replace(big, num_stages=2, block_k=64)
     # e4m3: BLOCK_K is the scale group, so the columns go instead
-    fp8_need = shared_memory(replace(big, num_stages=2), 1, 1)
-    assert fit_shared_memory(big, 1, 1, fp8_need - 1) == replace(big, num_stages=2, block_n=64)
+    fp8_need = shared_memory(replace(big, num_stages=2), 4, 1)
+    assert fit_shared_memory(big, 4, 1, fp8_need - 1) == replace(big, num_stages=2, block_n=64)
     with pytest.raises(ValueError, match="no tiles .* fit 1024 bytes"):
-        fit_shared_memory(default_config(8192, 8, 8), 1, 1, 1024)
+        fit_shared_memory(default_config(8192, 8, 8), 4, 1, 1024)
 
 
 def test_the_limit_off_cuda_is_the_h100s():
