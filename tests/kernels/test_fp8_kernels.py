@@ -88,6 +88,19 @@ def test_fp8_gemv_with_silu_mul(m):
     torch.testing.assert_close(out, fp8_linear_torch(silu_and_mul_torch(gate_up), w, scale, config), **TOL)
 
 
+@pytest.mark.parametrize("scales", list(SMALL))
+def test_quantize_weight_takes_each_expert_on_its_own(scales):
+    """Stacked experts [E, N, K] (the benchmarks' and GPU tests' layout) quantize as each expert alone: the
+    same e4m3 values and scales, [E, ...]."""
+    config = SMALL[scales]
+    magnitudes = torch.tensor([1.0, 10.0, 0.1])[:, None, None]
+    w = torch.randn(3, 50, 70, generator=torch.Generator().manual_seed(0)) * magnitudes
+    q, scale = quantize_weight(w, config)
+    for expert in range(3):
+        q1, scale1 = quantize_weight(w[expert], config)
+        assert torch.equal(q[expert].float(), q1.float()) and torch.equal(scale[expert], scale1)
+
+
 @pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
 @pytest.mark.parametrize("in_tile", [False, True], ids=["x_quantized_once", "x_quantized_in_tiles"])
 @pytest.mark.parametrize("block_n", [16, 32], ids=["tile_in_block", "tile_over_blocks"])
