@@ -115,20 +115,22 @@ def time_fused(experts: Experts, routings: list[tuple], config: MoEConfig) -> fl
 
 
 def bench(experts: Experts, baseline: Experts | None, sweep: bool, align_sweep: bool, gen: torch.Generator
-          ) -> list[tuple[int, MoEConfig]]:
-    """Times per token count; `baseline` (bf16 experts, for --fp8) is timed beside with its own table."""
+          ) -> tuple[list[tuple[int, MoEConfig]], list[tuple[int, float, float, float]]]:
+    """Times per token count; `baseline` (bf16 experts, for --fp8) is timed beside with its own table.
+    Returns the sweep's best config per token count, and (tokens, baseline ms, table ms, best ms) rows."""
     fp8 = experts.fp8 is not None
     print(f"{'tokens':>7} {'fused_ms':>9} {'GB/s':>6}" + (f" {'bf16_ms':>8} {'ratio':>6}" if baseline else "")
           + f" {'align_ms':>9} {'route_ms':>9} {'route_torch':>11} {'torch_ms':>9}"
           + (f" {'best_ms':>8}  best config" if sweep else ""))
-    best_rows = []
+    best_rows, summary = [], []
     for num_tokens in TOKENS:
         routings = [make_tokens(num_tokens, gen) for _ in range(ROUTINGS)]
         x, weights, ids = routings[0]
         config = pick_config(num_tokens, TOP_K, experts.w13)
         fused = time_fused(experts, routings, config)
-        read = sum(ids.unique().numel() for _, _, ids in routings) / ROUTINGS * experts.bytes_per_expert()
+        read = sum(r[2].unique().numel() for r in routings) / ROUTINGS * experts.bytes_per_expert()
         line = f"{num_tokens:>7} {fused:>9.4f} {read / fused / 1e6:>6.0f}"
+        base = best_ms = float("nan")
         if baseline:
             base = time_fused(baseline, routings, pick_config(num_tokens, TOP_K, baseline.w13))
             line += f" {base:>8.4f} {fused / base:>6.2f}"
@@ -143,16 +145,17 @@ def bench(experts: Experts, baseline: Experts | None, sweep: bool, align_sweep: 
                 f"{ppp}={do_bench_cudagraph(lambda: align(ids, EXPERTS, config.block_m, ppp), rep=20):.4f}"
                 for ppp in (32, 64, 128, 256, 512))
         if sweep:
-            best_ms, best = min(((time_fused(experts, routings, c), c) for c in {config, *candidates(num_tokens, fp8)}),
-                                key=lambda timed: timed[0])
+            tried = {config, *candidates(num_tokens, fp8)}
+            best_ms, best = min(((time_fused(experts, routings, c), c) for c in tried), key=lambda timed: timed[0])
             if num_tokens <= CHECK_MAX_TOKENS:
                 assert error(experts, routings[0], best) < 3e-2, f"{best} disagrees with experts_torch"
             best_rows.append((num_tokens, best))
             line += f" {best_ms:>8.4f}  {best}"
         print(line, flush=True)
+        summary.append((num_tokens, base, fused, best_ms))
         if num_tokens == 1:
             print(f"{'':>7} batch-1 decode: {fused * LAYERS:.2f} ms per token in the {LAYERS} MoE layers")
-    return best_rows
+    return best_rows, summary
 
 
 def table_entry(key: tuple[int, int, int], rows: list[tuple[int, MoEConfig]]) -> str:
@@ -175,6 +178,7 @@ def main() -> None:
     print(torch.cuda.get_device_name())
     gen = torch.Generator(device="cuda").manual_seed(0)
     swept: dict[tuple[int, int, int], list[tuple[int, MoEConfig]]] = {}
+    summary: list[tuple[int, int, float, float, float]] = []
     with torch.inference_mode():
         for inter in args.inter:
             print(f"\nE={EXPERTS} top_k={TOP_K} H={HIDDEN} I_local={inter} " + ("FP8 (e4m3, 128 x 128)" if args.fp8
@@ -182,7 +186,8 @@ def main() -> None:
             experts = Experts(inter, args.fp8, gen)
             check(experts, gen)
             baseline = Experts(inter, False, gen) if args.fp8 else None
-            best_rows = bench(experts, baseline, args.sweep, args.align_sweep, gen)
+            best_rows, rows = bench(experts, baseline, args.sweep, args.align_sweep, gen)
+            summary += [(inter, *row) for row in rows]
             if args.sweep:
                 swept[(EXPERTS, inter, HIDDEN)] = best_rows
             del experts, baseline
@@ -195,7 +200,12 @@ def main() -> None:
         if args.write:
             rewrite_table(Path(fused_moe.__file__), name, entries)
             print(f"rewrote {name} in {fused_moe.__file__}")
-
+    if args.fp8:
+        print(f"\n== ms per MoE layer, {torch.cuda.get_device_name()} (FP8: FP8_CONFIGS as run; best: the sweep's)")
+        print("| I_local | tokens | bf16 | FP8 | FP8 best | FP8 / bf16 | best / bf16 |\n|---|---|---|---|---|---|---|")
+        for inter, tokens, base, fused, best in summary:
+            print(f"| {inter} | {tokens} | {base:.4f} | {fused:.4f} | {best:.4f} | {fused / base:.2f} "
+                  f"| {best / base:.2f} |")
 
 if __name__ == "__main__":
     main()
