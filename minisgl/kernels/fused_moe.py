@@ -16,8 +16,9 @@ set to the scale group, on e4m3 activations: x is quantized per token and group 
 GEMM, and its output once before the down GEMM (`minisgl.kernels.fp8.quantize_activation`, one launch
 each), so that no column block of a GEMM re-quantizes the rows it shares with the others (the gate/up
 GEMM has I / BLOCK_N of them); each group's product is scaled by the activation and weight scales. Their
-tiles come from a table of their own (FP8_CONFIGS): at the same tiles an e4m3 weight tile is half the
-bytes of a bf16 one.
+tiles come from a table of their own (FP8_CONFIGS: an e4m3 weight tile is half the bytes of a bf16 one),
+whose rows may instead quantize the activations in the tiles (MoEConfig.in_tile: no extra launches, for
+the smallest batches).
 """
 
 from __future__ import annotations
