@@ -69,15 +69,19 @@ class Experts:
 def candidates(num_tokens: int, fp8: bool) -> list[MoEConfig]:
     """A handful per regime: decode (few rows per expert) wants block_m 16 and many narrow column blocks.
     Each compiles for sm_90 without register spills (a gated 128 x 128 tile needs 8 warps). FP8: BLOCK_K is
-    the 128-column scale group; the smallest batches also try quantizing x in the tiles (no extra launches)."""
+    the 128-column scale group; the smallest batches also try quantizing x in the tiles (no extra launches).
+    Its per-group scaling keeps each dot's product beside the accumulators: 64 x 128 tiles take 255
+    registers with 4 warps, 176 with 8, and 128 x 128 ones spill a little even with 8 (ptxas, sm_90a)."""
     if fp8 and num_tokens <= 64:
         tiles = [(16, 32, 1, 4, 4), (16, 64, 1, 4, 3), (16, 64, 1, 4, 4), (16, 128, 1, 4, 3), (16, 128, 1, 4, 4),
                  (16, 128, 1, 4, 5)]
-        return [MoEConfig(m, n, 128, g, w, s, in_tile) for m, n, g, w, s in tiles for in_tile in (False, True)]
+        return [MoEConfig(m, n, 128, g, w, s, in_tile) for m, n, g, w, s in tiles for in_tile in (False, True)] + [
+            MoEConfig(16, 256, 128, 1, 8, 3)]
     if fp8:
         tiles = [(m, n, 8, 4, s) for m in ((16, 32, 64) if num_tokens <= 512 else (64,)) for n in (64, 128)
                  for s in (3, 4)]
-        tiles += [(128, n, 8, 8, s) for n in (64, 128) for s in (3, 4)] if num_tokens > 512 else []
+        tiles += [(64, 128, 8, 8, 4)] + [(128, n, 8, 8, s) for n in (64, 128) for s in (3, 4)] \
+            if num_tokens > 512 else []
         return [MoEConfig(m, n, 128, g, w, s) for m, n, g, w, s in tiles]
     if num_tokens <= 64:
         block_ms, tiles = (16,), [(32, 128, 1, 4, 4), (64, 64, 1, 4, 4), (64, 128, 1, 4, 3), (64, 256, 1, 4, 2),
