@@ -36,11 +36,12 @@ def test_fp8_linear_full_size(shape, m):
         check_linear(kernel, m, *shape, Fp8Config())
 
 
-@pytest.mark.parametrize("tokens", [1, 8, 256, 4096])
+@pytest.mark.parametrize("tokens", [1, 8, 256, 1024])
 def test_fp8_fused_experts_full_size(tokens):
     """qwen3-30b-a3b's experts at TP 1: 128 experts, top 8, hidden 2048, intermediate 768, with FP8_CONFIGS'
-    tiles (x quantized in the tiles or by its own launch, whichever the row says)."""
-    check_experts(tokens, 128, 8, 2048, 768, BLOCK128, None)
+    tiles (x quantized in the tiles or by its own launch, whichever the row says). 1,024 tokens give 2M
+    outputs: a few neighbouring-e4m3 flips are allowed (see TOL)."""
+    check_experts(tokens, 128, 8, 2048, 768, BLOCK128, None, flips=4 if tokens >= 1024 else 0)
 
 
 @pytest.mark.parametrize("in_tile", [False, True], ids=["x_quantized_once", "x_quantized_in_tiles"])
@@ -53,7 +54,8 @@ def test_fp8_fused_experts_full_size(tokens):
 def test_fp8_fused_experts_both_quantizations(tokens, tiles, in_tile):
     """Both ways of quantizing the activations, each on mma.sync (16-row) and wgmma (64- and 128-row) tiles
     of the kind the FP8 sweep (`benchmarks/moe.py --fp8 --sweep`) may write to the table."""
-    check_experts(tokens, 128, 8, 2048, 768, BLOCK128, replace(tiles, in_tile=in_tile))
+    check_experts(tokens, 128, 8, 2048, 768, BLOCK128, replace(tiles, in_tile=in_tile),
+                  flips=4 if tokens >= 1024 else 0)
 
 
 def test_fp8_fused_experts_replay_in_a_cuda_graph():
