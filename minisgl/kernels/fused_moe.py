@@ -323,19 +323,20 @@ CONFIGS: dict[tuple[int, int, int], tuple[tuple[int, MoEConfig], ...]] = {
 
 
 # FP8 experts (e4m3 weights, activations quantized per token and group): the same key and format, BLOCK_K the
-# scale group (128). `benchmarks/moe.py --fp8 --sweep --write` rewrites these rows; until it has run on the
-# GPU they are CONFIGS' rows with BLOCK_K 128, quantizing in the tiles up to 32 tokens (as every row did
-# before this table: a decode step of few tokens reads few experts, and two more launches would show).
+# scale group (128). `benchmarks/moe.py --fp8 --sweep --write` rewrites these rows. I_local 768: swept on an
+# H100 (2026-11-26; an H200 run may rewrite them): per MoE layer 0.58-0.69x bf16's time from 2 to 1,024 tokens,
+# 0.80x at 4,096-16,384 (the table before it, one quantization per tile everywhere: no faster than bf16 in W1).
+# I_local 384 (TP 2): CONFIGS' rows with BLOCK_K 128, quantizing in the tiles up to 32 tokens, until swept.
 FP8_CONFIGS: dict[tuple[int, int, int], tuple[tuple[int, MoEConfig], ...]] = {
     (128, 768, 2048): (
-        (1, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=4, in_tile=True)),
-        (4, MoEConfig(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=3, in_tile=True)),
-        (32, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=4, in_tile=True)),
-        (64, MoEConfig(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=3)),
+        (1, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=4)),
+        (2, MoEConfig(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4, in_tile=True)),
+        (8, MoEConfig(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=3, in_tile=True)),
+        (32, MoEConfig(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=3)),
+        (64, MoEConfig(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=3, in_tile=True)),
         (128, MoEConfig(block_m=16, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=3)),
-        (256, MoEConfig(block_m=32, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=3)),
-        (512, MoEConfig(block_m=64, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=3)),
-        (1024, MoEConfig(block_m=64, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=4)),
+        (256, MoEConfig(block_m=16, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3)),
+        (1024, MoEConfig(block_m=64, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=3)),
         (16384, MoEConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=3)),
     ),
     (128, 384, 2048): (
