@@ -1,34 +1,88 @@
 """The fused MoE kernel on a GPU at qwen3-30b-a3b shapes (128 experts, top-8, hidden 2048, I_local 768 at
 TP 1 and 384 at TP 2): correctness against the torch reference, then times per token count.
 
-    python benchmarks/moe.py           # the configs of the table (minisgl.kernels.fused_moe.CONFIGS)
-    python benchmarks/moe.py --sweep   # also a handful of configs per token count; prints the best as
-                                       # table rows, ready to paste into CONFIGS
+    python benchmarks/moe.py                   # the configs of the table (minisgl.kernels.fused_moe.CONFIGS)
+    python benchmarks/moe.py --sweep           # also a handful of configs per token count; prints the best
+                                               # as table rows, ready to paste into CONFIGS
+    python benchmarks/moe.py --fp8             # e4m3 experts with 128 x 128 block scales (Qwen3-30B-A3B-FP8's
+                                               # layout), their table FP8_CONFIGS; bf16's time beside them
+    python benchmarks/moe.py --fp8 --sweep --write --inter 768   # FP8 candidates (x quantized by its own
+                                               # launch or in the tiles); rewrites FP8_CONFIGS' rows for
+                                               # the I_local swept (--write without --fp8: CONFIGS)
 
-Times are CUDA-graph replays (as the decode step runs), in ms per MoE layer; align is the sort step
-alone, route the fused router against torch's softmax + topk (route_torch), torch the reference loop
-(small T only: it syncs once per expert). --align-sweep also times align at other pairs per program.
+Times are CUDA-graph replays (as the decode step runs), in ms per MoE layer; consecutive calls take other
+routings of the same token count (ROUTINGS of them), so that a small batch's experts are not still in the L2
+cache from the call before (a model's layers each read their own). GB/s counts the bytes of the experts a
+call reads (weights and scales). align is the sort step alone, route the fused router against torch's
+softmax + topk (route_torch), torch the reference loop (small T only: it syncs once per expert).
+--align-sweep also times align at other pairs per program.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+from pathlib import Path
 
 import torch
+from fp8 import rewrite_table
 from triton.testing import do_bench, do_bench_cudagraph
 
+from minisgl.kernels import fused_moe
 from minisgl.kernels.fused_moe import MoEConfig, align, fused_experts, pick_config, route_fused
+from minisgl.layers.fp8 import quantize_weight
 from minisgl.layers.moe import experts_torch, route
+from minisgl.quantization import Fp8Config
 
 EXPERTS, TOP_K, HIDDEN, LAYERS = 128, 8, 2048, 48
 TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384]
 TORCH_MAX_TOKENS = 16
 CHECK_TOKENS = (1, 64, 1024)
+CHECK_MAX_TOKENS = 1024  # the sweep checks its winner against the reference up to here
+ROUTINGS = 8
+BLOCK = Fp8Config(block=(128, 128))
 
 
-def candidates(num_tokens: int) -> list[MoEConfig]:
+class Experts:
+    """One layer's experts: bf16, or e4m3 with their block scales (`fp8`)."""
+
+    def __init__(self, inter: int, fp8: bool, gen: torch.Generator):
+        self.w13 = torch.randn(EXPERTS, 2 * inter, HIDDEN, device="cuda", generator=gen).div_(HIDDEN**0.5)
+        self.w2 = torch.randn(EXPERTS, HIDDEN, inter, device="cuda", generator=gen).div_(inter**0.5)
+        self.fp8, self.scales = (BLOCK if fp8 else None), None
+        if fp8:  # as the loader lays out Qwen3-30B-A3B-FP8: e4m3 [E, rows, cols], scales [E, rows/128, cols/128]
+            (self.w13, s13), (self.w2, s2) = quantize_weight(self.w13, BLOCK), quantize_weight(self.w2, BLOCK)
+            self.scales = (s13, s2)
+        else:
+            self.w13, self.w2 = self.w13.bfloat16(), self.w2.bfloat16()
+
+    def bytes_per_expert(self) -> int:
+        tensors = (self.w13, self.w2) + (self.scales or ())
+        return sum(t.nbytes for t in tensors) // EXPERTS
+
+    def run(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, config: MoEConfig | None = None,
+            reference: bool = False) -> torch.Tensor:
+        fn = experts_torch if reference else lambda *args, **kw: fused_experts(*args, config=config, **kw)
+        return fn(x, self.w13, self.w2, weights, ids, scales=self.scales, fp8=self.fp8)
+
+
+def candidates(num_tokens: int, fp8: bool) -> list[MoEConfig]:
     """A handful per regime: decode (few rows per expert) wants block_m 16 and many narrow column blocks.
-    Each compiles for sm_90 without register spills (a gated 128 x 128 tile needs 8 warps)."""
+    Each compiles for sm_90 without register spills (a gated 128 x 128 tile needs 8 warps). FP8: BLOCK_K is
+    the 128-column scale group; the smallest batches also try quantizing x in the tiles (no extra launches).
+    Its per-group scaling keeps each dot's product beside the accumulators: 64 x 128 tiles take 255
+    registers with 4 warps, 176 with 8, and 128 x 128 ones spill a little even with 8 (ptxas, sm_90a)."""
+    if fp8 and num_tokens <= 64:
+        tiles = [(16, 32, 1, 4, 4), (16, 64, 1, 4, 3), (16, 64, 1, 4, 4), (16, 128, 1, 4, 3), (16, 128, 1, 4, 4),
+                 (16, 128, 1, 4, 5)]
+        return [MoEConfig(m, n, 128, g, w, s, in_tile) for m, n, g, w, s in tiles for in_tile in (False, True)] + [
+            MoEConfig(16, 256, 128, 1, 8, 3)]
+    if fp8:
+        tiles = [(m, n, 8, 4, s) for m in ((16, 32, 64) if num_tokens <= 512 else (64,)) for n in (64, 128)
+                 for s in (3, 4)]
+        tiles += [(64, 128, 8, 8, 4)] + [(128, n, 8, 8, s) for n in (64, 128) for s in (3, 4)] \
+            if num_tokens > 512 else []
+        return [MoEConfig(m, n, 128, g, w, s) for m, n, g, w, s in tiles]
     if num_tokens <= 64:
         block_ms, tiles = (16,), [(32, 128, 1, 4, 4), (64, 64, 1, 4, 4), (64, 128, 1, 4, 3), (64, 256, 1, 4, 2),
                                   (128, 128, 1, 4, 3)]
@@ -39,12 +93,6 @@ def candidates(num_tokens: int) -> list[MoEConfig]:
     return [MoEConfig(block_m, *tile) for block_m in block_ms for tile in tiles]
 
 
-def make_experts(inter: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    w13 = torch.randn(EXPERTS, 2 * inter, HIDDEN, device="cuda", generator=gen).div_(HIDDEN**0.5).bfloat16()
-    w2 = torch.randn(EXPERTS, HIDDEN, inter, device="cuda", generator=gen).div_(inter**0.5).bfloat16()
-    return w13, w2
-
-
 def make_tokens(num_tokens: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x, routing weights, expert ids (random router logits)."""
     x = torch.randn(num_tokens, HIDDEN, device="cuda", generator=gen).bfloat16()
@@ -52,78 +100,116 @@ def make_tokens(num_tokens: int, gen: torch.Generator) -> tuple[torch.Tensor, to
     return x, weights, ids
 
 
-def check(w13: torch.Tensor, w2: torch.Tensor, gen: torch.Generator) -> None:
+def error(experts: Experts, tokens: tuple, config: MoEConfig | None = None) -> float:
+    """max |fused - reference| / max |reference|."""
+    got, want = experts.run(*tokens, config), experts.run(*tokens, reference=True)
+    return ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+
+
+def check(experts: Experts, gen: torch.Generator) -> None:
     for num_tokens in CHECK_TOKENS:
-        x, weights, ids = make_tokens(num_tokens, gen)
-        got, want = fused_experts(x, w13, w2, weights, ids), experts_torch(x, w13, w2, weights, ids)
-        err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+        err = error(experts, make_tokens(num_tokens, gen))
         print(f"check T={num_tokens}: max error / max |ref| = {err:.2e}")
         assert err < 3e-2, "fused_experts disagrees with experts_torch"
 
 
-def time_fused(args: tuple, config: MoEConfig) -> float:
-    return do_bench_cudagraph(lambda: fused_experts(*args, config=config), rep=20)
+def time_fused(experts: Experts, routings: list[tuple], config: MoEConfig) -> float:
+    cycle = itertools.cycle(routings)
+    return do_bench_cudagraph(lambda: experts.run(*next(cycle), config), rep=20)
 
 
-def bench(w13: torch.Tensor, w2: torch.Tensor, sweep: bool, align_sweep: bool, gen: torch.Generator
-          ) -> list[tuple[int, MoEConfig]]:
-    print(f"{'tokens':>7} {'fused_ms':>9} {'align_ms':>9} {'route_ms':>9} {'route_torch':>11} {'torch_ms':>9}" + (
-        f" {'best_ms':>8}  best config" if sweep else ""))
-    best_rows = []
+def bench(experts: Experts, baseline: Experts | None, sweep: bool, align_sweep: bool, gen: torch.Generator
+          ) -> tuple[list[tuple[int, MoEConfig]], list[tuple[int, float, float, float]]]:
+    """Times per token count; `baseline` (bf16 experts, for --fp8) is timed beside with its own table.
+    Returns the sweep's best config per token count, and (tokens, baseline ms, table ms, best ms) rows."""
+    fp8 = experts.fp8 is not None
+    print(f"{'tokens':>7} {'fused_ms':>9} {'GB/s':>6}" + (f" {'bf16_ms':>8} {'ratio':>6}" if baseline else "")
+          + f" {'align_ms':>9} {'route_ms':>9} {'route_torch':>11} {'torch_ms':>9}"
+          + (f" {'best_ms':>8}  best config" if sweep else ""))
+    best_rows, summary = [], []
     for num_tokens in TOKENS:
-        x, weights, ids = make_tokens(num_tokens, gen)
-        args = (x, w13, w2, weights, ids)
-        config = pick_config(num_tokens, TOP_K, w13)
-        fused = time_fused(args, config)
+        routings = [make_tokens(num_tokens, gen) for _ in range(ROUTINGS)]
+        x, weights, ids = routings[0]
+        config = pick_config(num_tokens, TOP_K, experts.w13)
+        fused = time_fused(experts, routings, config)
+        read = sum(r[2].unique().numel() for r in routings) / ROUTINGS * experts.bytes_per_expert()
+        line = f"{num_tokens:>7} {fused:>9.4f} {read / fused / 1e6:>6.0f}"
+        base = best_ms = float("nan")
+        if baseline:
+            base = time_fused(baseline, routings, pick_config(num_tokens, TOP_K, baseline.w13))
+            line += f" {base:>8.4f} {fused / base:>6.2f}"
         aligned = do_bench_cudagraph(lambda: align(ids, EXPERTS, config.block_m), rep=20)
         logits = torch.randn(num_tokens, EXPERTS, device="cuda", generator=gen).bfloat16()
         routed = [do_bench_cudagraph(lambda: fn(logits, TOP_K, True), rep=20) for fn in (route_fused, route)]
-        ref = do_bench(lambda: experts_torch(*args), rep=50) if num_tokens <= TORCH_MAX_TOKENS else float("nan")
-        line = f"{num_tokens:>7} {fused:>9.4f} {aligned:>9.4f} {routed[0]:>9.4f} {routed[1]:>11.4f} {ref:>9.3f}"
+        ref = (do_bench(lambda: experts.run(x, weights, ids, reference=True), rep=50)
+               if num_tokens <= TORCH_MAX_TOKENS else float("nan"))
+        line += f" {aligned:>9.4f} {routed[0]:>9.4f} {routed[1]:>11.4f} {ref:>9.3f}"
         if align_sweep:
             line += "  align by pairs/program: " + " ".join(
                 f"{ppp}={do_bench_cudagraph(lambda: align(ids, EXPERTS, config.block_m, ppp), rep=20):.4f}"
                 for ppp in (32, 64, 128, 256, 512))
         if sweep:
-            best_ms, best = min(((time_fused(args, c), c) for c in {config, *candidates(num_tokens)}),
-                                key=lambda timed: timed[0])
+            tried = {config, *candidates(num_tokens, fp8)}
+            best_ms, best = min(((time_fused(experts, routings, c), c) for c in tried), key=lambda timed: timed[0])
+            if num_tokens <= CHECK_MAX_TOKENS:
+                assert error(experts, routings[0], best) < 3e-2, f"{best} disagrees with experts_torch"
             best_rows.append((num_tokens, best))
             line += f" {best_ms:>8.4f}  {best}"
         print(line, flush=True)
+        summary.append((num_tokens, base, fused, best_ms))
         if num_tokens == 1:
             print(f"{'':>7} batch-1 decode: {fused * LAYERS:.2f} ms per token in the {LAYERS} MoE layers")
-    return best_rows
+    return best_rows, summary
 
 
-def table_rows(inter: int, rows: list[tuple[int, MoEConfig]]) -> str:
-    """CONFIGS entry; a row is dropped when the next token count has the same config."""
+def table_entry(key: tuple[int, int, int], rows: list[tuple[int, MoEConfig]]) -> str:
+    """A CONFIGS / FP8_CONFIGS entry; a row is dropped when the next token count has the same config."""
     kept = [(tokens, config) for i, (tokens, config) in enumerate(rows)
             if i + 1 == len(rows) or rows[i + 1][1] != config]
     body = "".join(f"        ({tokens}, {config!r}),\n" for tokens, config in kept)
-    return f"    ({EXPERTS}, {inter}, {HIDDEN}): (\n{body}    ),"
+    return f"    {key}: (\n{body}    ),"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fp8", action="store_true", help="e4m3 experts, 128 x 128 block scales")
     parser.add_argument("--sweep", action="store_true", help="try candidate configs, print the best as table rows")
+    parser.add_argument("--write", action="store_true", help="with --sweep: rewrite the table's swept entries")
     parser.add_argument("--align-sweep", action="store_true", help="time align at other pairs per program")
     parser.add_argument("--inter", type=int, nargs="+", default=[768, 384], help="I_local (768: TP 1, 384: TP 2)")
     args = parser.parse_args()
+    name = "FP8_CONFIGS" if args.fp8 else "CONFIGS"
     print(torch.cuda.get_device_name())
     gen = torch.Generator(device="cuda").manual_seed(0)
-    tables = []
+    swept: dict[tuple[int, int, int], list[tuple[int, MoEConfig]]] = {}
+    summary: list[tuple[int, int, float, float, float]] = []
     with torch.inference_mode():
         for inter in args.inter:
-            print(f"\nE={EXPERTS} top_k={TOP_K} H={HIDDEN} I_local={inter}")
-            w13, w2 = make_experts(inter, gen)
-            check(w13, w2, gen)
-            best_rows = bench(w13, w2, args.sweep, args.align_sweep, gen)
+            print(f"\nE={EXPERTS} top_k={TOP_K} H={HIDDEN} I_local={inter} " + ("FP8 (e4m3, 128 x 128)" if args.fp8
+                                                                                  else "bf16"))
+            experts = Experts(inter, args.fp8, gen)
+            check(experts, gen)
+            baseline = Experts(inter, False, gen) if args.fp8 else None
+            best_rows, rows = bench(experts, baseline, args.sweep, args.align_sweep, gen)
+            summary += [(inter, *row) for row in rows]
             if args.sweep:
-                tables.append(table_rows(inter, best_rows))
+                swept[(EXPERTS, inter, HIDDEN)] = best_rows
+            del experts, baseline
     if args.sweep:
-        print("\n== CONFIGS rows for minisgl/kernels/fused_moe.py")
-        print("\n".join(tables))
-
+        table = {**getattr(fused_moe, name), **swept}  # entries not swept stay as they are
+        entries = [table_entry(key, swept[key]) if key in swept else table_entry(key, list(rows))
+                   for key, rows in table.items()]
+        print(f"\n== {name} rows for minisgl/kernels/fused_moe.py")
+        print("\n".join(entries))
+        if args.write:
+            rewrite_table(Path(fused_moe.__file__), name, entries)
+            print(f"rewrote {name} in {fused_moe.__file__}")
+    if args.fp8:
+        print(f"\n== ms per MoE layer, {torch.cuda.get_device_name()} (FP8: FP8_CONFIGS as run; best: the sweep's)")
+        print("| I_local | tokens | bf16 | FP8 | FP8 best | FP8 / bf16 | best / bf16 |\n|---|---|---|---|---|---|---|")
+        for inter, tokens, base, fused, best in summary:
+            print(f"| {inter} | {tokens} | {base:.4f} | {fused:.4f} | {best:.4f} | {fused / base:.2f} "
+                  f"| {best / base:.2f} |")
 
 if __name__ == "__main__":
     main()

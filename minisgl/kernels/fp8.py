@@ -4,9 +4,10 @@ of prefill-sized batches. The decode GEMV (`minisgl.kernels.gemv`) and the fused
 
 Each kernel steps through K one scale group (GROUP columns, the weight block's width) at a time,
 multiplies e4m3 tiles on the FP8 tensor cores, and scales the float32 product by the row's activation
-scale and the weight block's scale. `minisgl.layers.fp8.fp8_linear_torch` is the reference. The GEMV and
-the experts quantize their activation tile per row in registers (few rows, no extra launch); the GEMM
-quantizes x once in a launch of its own, as each of its many column tiles would otherwise redo it and
+scale and the weight block's scale. `minisgl.layers.fp8.fp8_linear_torch` is the reference. The GEMV
+quantizes its activation tile per row in registers (few rows, no extra launch), as the experts do where
+their table says so (`fused_moe.MoEConfig.in_tile`); the GEMM and the other experts' rows quantize x once,
+in a launch of its own, as each of their many column tiles would otherwise redo it and
 the rounding, not the tensor cores, would bound it (on an H100, qwen3-8b FP8 W1 went from 4,103 to
 7,070 tok/s with this change and the GEMV's larger tiles). The GEMM's tiles come from measured tables
 (FP8_GEMM_CONFIGS); with them and its one multiply-add of scaling per element, W1 reached bf16's 7,646

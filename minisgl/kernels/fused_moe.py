@@ -12,8 +12,13 @@ Three steps, no host sync (the decode step runs inside CUDA graphs), no Python l
    top_k gives [T, H]. Every step is deterministic: no atomics, a fixed summation order.
 
 FP8 experts (e4m3 weights with block or per-channel scales) run through the same two GEMMs with BLOCK_K
-set to the scale group: each program quantizes its activation tile per row in registers (see
-`minisgl.kernels.fp8`) and scales each group's product by the activation and weight scales.
+set to the scale group, on e4m3 activations: x is quantized per token and group once before the gate/up
+GEMM, and its output once before the down GEMM (`minisgl.kernels.fp8.quantize_activation`, one launch
+each), so that no column block of a GEMM re-quantizes the rows it shares with the others (the gate/up
+GEMM has I / BLOCK_N of them); each group's product is scaled by the activation and weight scales. Their
+tiles come from a table of their own (FP8_CONFIGS: an e4m3 weight tile is half the bytes of a bf16 one),
+whose rows may instead quantize the activations in the tiles (MoEConfig.in_tile: no extra launches, for
+the smallest batches).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minisgl.kernels.fp8 import EMULATE, dot_e4m3, quantize_tile, scale_strides
+from minisgl.kernels.fp8 import EMULATE, dot_e4m3, quantize_activation, quantize_tile, scale_strides
 from minisgl.quantization import Fp8Config
 
 # Align: up to PAIRS_PER_PROGRAM pairs (decode batches) are sorted by a single program in one launch;
@@ -183,16 +188,19 @@ def _expert_gemm_kernel(a_ptr, b_ptr, c_ptr, sorted_ptr, block_expert_ptr, num_p
                         stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                         GATED: tl.constexpr, WEIGHTED: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
-                        s_ptr, stride_se, stride_sn, stride_sk, SCALE_ROWS: tl.constexpr, FP8: tl.constexpr,
-                        TILE_SCALE: tl.constexpr, EMULATE: tl.constexpr):
+                        s_ptr, stride_se, stride_sn, stride_sk, sa_ptr, stride_sag, SCALE_ROWS: tl.constexpr,
+                        FP8: tl.constexpr, QUANTIZE_A: tl.constexpr, TILE_SCALE: tl.constexpr,
+                        EMULATE: tl.constexpr):
     """C[pair, :N] = A[pair // rows_per_token] @ B[expert].T for one [BLOCK_M, BLOCK_N] tile of sorted pairs.
 
     GATED: B holds gate rows then up rows (N each) and C = silu(gate) * up. WEIGHTED: C is scaled by the
     pair's routing weight. Padding rows (index num_pairs) are neither read nor written. PRECISION is
     "ieee" for float32 inputs, as torch's own matmul (no TF32). FP8: B is e4m3 with scales at s_ptr
-    [E, rows / SCALE_ROWS, K / BLOCK_K] and BLOCK_K is the scale group; TILE_SCALE: the tile's gate rows
-    (and its up rows) lie in one weight block, so each group's weight scale is one number, folded into the
-    rows' activation scales (one multiply-add per element, as in the FP8 GEMM).
+    [E, rows / SCALE_ROWS, K / BLOCK_K] and BLOCK_K is the scale group; A is e4m3 too (float32 holding e4m3
+    values when EMULATE) with scales at sa_ptr [K / BLOCK_K, A's rows] (group-major, as
+    `quantize_activation` writes them), or with QUANTIZE_A in x's dtype, each tile quantized per row here;
+    TILE_SCALE: the tile's gate rows (and its up rows) lie in one weight block, so each group's weight scale
+    is one number, folded into the rows' activation scales (one multiply-add per element, as in the FP8 GEMM).
     """
     # Consecutive programs share a group of GROUP_M row blocks so that their weight tiles stay in L2.
     pid = tl.program_id(0)
@@ -210,7 +218,8 @@ def _expert_gemm_kernel(a_ptr, b_ptr, c_ptr, sorted_ptr, block_expert_ptr, num_p
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + (rows // rows_per_token).to(tl.int64)[:, None] * stride_am + offs_k[None, :] * stride_ak
+    tokens = rows // rows_per_token
+    a_ptrs = a_ptr + tokens.to(tl.int64)[:, None] * stride_am + offs_k[None, :] * stride_ak
     # Columns past N wrap around instead of being masked: the loads stay in bounds, the store drops them.
     b_ptrs = b_ptr + expert * stride_be + (offs_n % N)[None, :] * stride_bn + offs_k[:, None] * stride_bk
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -234,16 +243,18 @@ def _expert_gemm_kernel(a_ptr, b_ptr, c_ptr, sorted_ptr, block_expert_ptr, num_p
             b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
             if GATED:
                 b_up = tl.load(b_ptrs + N * stride_bn, mask=k_ok[:, None], other=0.0)
-        if FP8 and TILE_SCALE:
-            aq, sa = quantize_tile(a, 1, EMULATE)
-            acc += dot_e4m3(aq, b, EMULATE) * (sa * tl.load(s_ptrs + k * stride_sk))[:, None]
-            if GATED:
-                acc_up += dot_e4m3(aq, b_up, EMULATE) * (sa * tl.load(s_up_ptrs + k * stride_sk))[:, None]
+        if FP8 and QUANTIZE_A:
+            a, sa = quantize_tile(a, 1, EMULATE)
         elif FP8:
-            aq, sa = quantize_tile(a, 1, EMULATE)
-            acc += dot_e4m3(aq, b, EMULATE) * sa[:, None] * tl.load(s_ptrs + k * stride_sk)[None, :]
+            sa = tl.load(sa_ptr + k * stride_sag + tokens, mask=row_ok, other=0.0)
+        if FP8 and TILE_SCALE:
+            acc += dot_e4m3(a, b, EMULATE) * (sa * tl.load(s_ptrs + k * stride_sk))[:, None]
             if GATED:
-                acc_up += dot_e4m3(aq, b_up, EMULATE) * sa[:, None] * tl.load(s_up_ptrs + k * stride_sk)[None, :]
+                acc_up += dot_e4m3(a, b_up, EMULATE) * (sa * tl.load(s_up_ptrs + k * stride_sk))[:, None]
+        elif FP8:
+            acc += dot_e4m3(a, b, EMULATE) * sa[:, None] * tl.load(s_ptrs + k * stride_sk)[None, :]
+            if GATED:
+                acc_up += dot_e4m3(a, b_up, EMULATE) * sa[:, None] * tl.load(s_up_ptrs + k * stride_sk)[None, :]
         else:
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
             if GATED:
@@ -259,9 +270,13 @@ def _expert_gemm_kernel(a_ptr, b_ptr, c_ptr, sorted_ptr, block_expert_ptr, num_p
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n < N)[None, :])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class MoEConfig:
-    """Tiles of both expert GEMMs; block_m is also the padding of the align step (tl.dot needs >= 16)."""
+    """Tiles of both expert GEMMs; block_m is also the padding of the align step (tl.dot needs >= 16).
+
+    in_tile (FP8 experts): each program quantizes its activation tiles in registers instead of reading
+    them quantized by a launch of their own. The work is redone by every column block, but the two
+    launches are saved: the choice of the smallest batches, whose GEMMs read only a few experts."""
 
     block_m: int
     block_n: int
@@ -269,6 +284,13 @@ class MoEConfig:
     group_m: int
     num_warps: int
     num_stages: int
+    in_tile: bool = False
+
+    def __repr__(self) -> str:
+        """As the tables spell a row (in_tile only where set)."""
+        tail = ", in_tile=True" if self.in_tile else ""
+        return (f"MoEConfig(block_m={self.block_m}, block_n={self.block_n}, block_k={self.block_k}, "
+                f"group_m={self.group_m}, num_warps={self.num_warps}, num_stages={self.num_stages}{tail})")
 
 
 # Per (experts, I_local, hidden): rows of (up to this many tokens, config), ascending; the first row that
@@ -300,6 +322,37 @@ CONFIGS: dict[tuple[int, int, int], tuple[tuple[int, MoEConfig], ...]] = {
 }
 
 
+# FP8 experts (e4m3 weights, activations quantized per token and group): the same key and format, BLOCK_K the
+# scale group (128). `benchmarks/moe.py --fp8 --sweep --write` rewrites these rows. I_local 768: swept on an
+# H100 (2026-11-26; an H200 run may rewrite them): per MoE layer 0.58-0.69x bf16's time from 2 to 1,024 tokens,
+# 0.80x at 4,096-16,384 (the table before it, one quantization per tile everywhere: no faster than bf16 in W1).
+# I_local 384 (TP 2): CONFIGS' rows with BLOCK_K 128, quantizing in the tiles up to 32 tokens, until swept.
+FP8_CONFIGS: dict[tuple[int, int, int], tuple[tuple[int, MoEConfig], ...]] = {
+    (128, 768, 2048): (
+        (1, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=4)),
+        (2, MoEConfig(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4, in_tile=True)),
+        (8, MoEConfig(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=3, in_tile=True)),
+        (32, MoEConfig(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=3)),
+        (64, MoEConfig(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=3, in_tile=True)),
+        (128, MoEConfig(block_m=16, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=3)),
+        (256, MoEConfig(block_m=16, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3)),
+        (1024, MoEConfig(block_m=64, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=3)),
+        (16384, MoEConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=3)),
+    ),
+    (128, 384, 2048): (
+        (1, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=4, in_tile=True)),
+        (2, MoEConfig(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=3, in_tile=True)),
+        (4, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=4, in_tile=True)),
+        (8, MoEConfig(block_m=16, block_n=32, block_k=128, group_m=1, num_warps=4, num_stages=3, in_tile=True)),
+        (64, MoEConfig(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=3)),
+        (128, MoEConfig(block_m=16, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=3)),
+        (256, MoEConfig(block_m=32, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=3)),
+        (512, MoEConfig(block_m=64, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=3)),
+        (16384, MoEConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=3)),
+    ),
+}
+
+
 def default_config(num_tokens: int, top_k: int, num_experts: int) -> MoEConfig:
     """For shapes without a table: block_m follows the average rows per expert (decode wants it small)."""
     rows = num_tokens * top_k / num_experts
@@ -312,9 +365,11 @@ def default_config(num_tokens: int, top_k: int, num_experts: int) -> MoEConfig:
 
 
 def pick_config(num_tokens: int, top_k: int, w13: torch.Tensor) -> MoEConfig:
-    """The table's row for this shape and token count, else the heuristic."""
+    """The row for this shape and token count of the table for w13's dtype (FP8_CONFIGS for e4m3 experts),
+    else the heuristic."""
     num_experts, two_inter, hidden = w13.shape
-    rows = CONFIGS.get((num_experts, two_inter // 2, hidden))
+    table = FP8_CONFIGS if w13.dtype == torch.float8_e4m3fn else CONFIGS
+    rows = table.get((num_experts, two_inter // 2, hidden))
     if rows is None:
         return default_config(num_tokens, top_k, num_experts)
     return next((config for max_tokens, config in rows if num_tokens <= max_tokens), rows[-1][1])
@@ -329,16 +384,18 @@ def shared_memory(config: MoEConfig, x_size: int, w_size: int, gated: bool = Tru
     """Bytes of shared memory the expert GEMM asks for, from the element sizes of x and of the weights
     (1: e4m3). Triton pipelines the loop's loads: A, the [BLOCK_M, BLOCK_K] tile of x, and B, the
     [BLOCK_K, BLOCK_N] weight tile (gate and up tiles when gated), are kept num_stages deep where both go
-    straight to the tensor cores; float32 (ieee, on the CUDA cores) keeps num_stages - 1 of both; FP8
-    quantizes A in registers first, which keeps A num_stages - 1 deep and adds its e4m3 copy for the MMA.
-    Exact for Triton 3.9 on sm_90 where the tiles go to wgmma (BLOCK_M >= 64), an upper bound for the
-    narrower mma.sync tiles (figures from `benchmarks/moe_smem.py`, in tests/kernels/test_moe_smem.py)."""
-    a = config.block_m * config.block_k * x_size
+    straight to the tensor cores, as e4m3 A (x quantized before the GEMM) does; float32 (ieee, on the CUDA
+    cores) keeps num_stages - 1 of both; FP8 in_tile keeps A in x's dtype num_stages - 1 deep and
+    adds its e4m3 copy for the MMA. Exact for Triton 3.9 on sm_90 where the tiles go to wgmma (BLOCK_M >=
+    64), an upper bound for the narrower mma.sync tiles (figures from `benchmarks/moe_smem.py`, in
+    tests/kernels/test_moe_smem.py)."""
+    a_size = 1 if w_size == 1 and not config.in_tile else x_size
+    a = config.block_m * config.block_k * a_size
     b = config.block_k * config.block_n * w_size * (2 if gated else 1)
     stages = config.num_stages
-    if w_size == 1:
+    if w_size == 1 and config.in_tile:
         return (stages - 1) * a + stages * b + config.block_m * config.block_k
-    if x_size == 4:
+    if a_size == 4:
         return (stages - 1) * (a + b)
     return stages * (a + b)
 
@@ -358,8 +415,8 @@ def fit_shared_memory(config: MoEConfig, x_size: int, w_size: int, limit: int) -
 
     The tables and the heuristic were tuned with 2-byte activations; float32 x doubles the A tile, and a
     config that does not fit fails at its launch (OutOfResources), e.g. FP8 experts of a float32 model
-    took 245,760 bytes of an H200's 232,448 with 128 x 128 x 128 tiles in 3 stages. Configs that fit are
-    returned unchanged."""
+    took 245,760 bytes of an H200's 232,448 with 128 x 128 x 128 tiles in 3 stages, in_tile.
+    Configs that fit are returned unchanged."""
     while shared_memory(config, x_size, w_size) > limit:
         if config.num_stages > 2:
             config = replace(config, num_stages=config.num_stages - 1)
@@ -382,10 +439,12 @@ def launch_config(config: MoEConfig, x: torch.Tensor, w13: torch.Tensor, fp8: Fp
 
 def expert_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, aligned: tuple[torch.Tensor, ...],
                 rows_per_token: int, config: MoEConfig, weights: torch.Tensor | None = None,
-                scale: torch.Tensor | None = None, fp8: Fp8Config | None = None) -> None:
+                scale: torch.Tensor | None = None, fp8: Fp8Config | None = None,
+                a_scale: torch.Tensor | None = None) -> None:
     """out[pair] = a[pair // rows_per_token] @ b[expert of pair].T over the aligned pairs; a gated b
     (2 * out columns rows) gives silu(gate) * up, weights [pairs] scale each pair's row. An e4m3 b comes
-    with its `scale` [E, ...] and `fp8` settings (config.block_k must be the scale group)."""
+    with its `scale` [E, ...] and `fp8` settings, and a quantized with its `a_scale` [groups, rows]
+    (`quantize_activation`) unless config.in_tile; config.block_k must be the scale group."""
     sorted_ids, block_expert, num_padded = aligned
     stride_sn, stride_sk = scale_strides(scale, fp8) if fp8 else (0, 0)
     n, k = out.shape[1], b.shape[2]
@@ -401,8 +460,9 @@ def expert_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, aligned: tu
         BLOCK_K=config.block_k, GROUP_M=config.group_m, GATED=gated, WEIGHTED=weights is not None,
         EVEN_K=k % config.block_k == 0, PRECISION="ieee" if a.dtype == torch.float32 else None,
         s_ptr=scale if fp8 else out, stride_se=scale.stride(0) if fp8 else 0, stride_sn=stride_sn,
-        stride_sk=stride_sk, SCALE_ROWS=fp8.scale_rows if fp8 else 1, FP8=fp8 is not None, TILE_SCALE=tile_scale,
-        EMULATE=EMULATE,
+        stride_sk=stride_sk, sa_ptr=out if a_scale is None else a_scale,
+        stride_sag=0 if a_scale is None else a_scale.stride(0), SCALE_ROWS=fp8.scale_rows if fp8 else 1,
+        FP8=fp8 is not None, QUANTIZE_A=fp8 is not None and config.in_tile, TILE_SCALE=tile_scale, EMULATE=EMULATE,
         num_warps=config.num_warps, num_stages=config.num_stages)
 
 
@@ -410,16 +470,23 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
                   config: MoEConfig | None = None, scales: tuple[torch.Tensor, torch.Tensor] | None = None,
                   fp8: Fp8Config | None = None) -> torch.Tensor:
     """Same result as `experts_torch`: x [T, H], w13 [E, 2 * I, H] (gate rows then up rows), w2 [E, H, I],
-    weights/ids [T, top_k] -> [T, H]; e4m3 experts come with their (w13, w2) `scales` and `fp8` settings.
-    config overrides the table (tests, tuning); either is fitted to the shared memory (`launch_config`)."""
+    weights/ids [T, top_k] -> [T, H]; e4m3 experts come with their (w13, w2) `scales` and `fp8` settings
+    (then each GEMM's input is quantized once, by its own launch, unless config.in_tile). config
+    overrides the table (tests, tuning); either is fitted to the shared memory (`launch_config`)."""
     num_tokens, hidden = x.shape
     top_k = ids.shape[1]
     config = launch_config(config or pick_config(num_tokens, top_k, w13), x, w13, fp8)
     scales = scales or (None, None)
     aligned = align(ids, w13.shape[0], config.block_m)
     pairs = num_tokens * top_k
+
+    def operand(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return quantize_activation(a, fp8.group) if fp8 and not config.in_tile else (a, None)
+
     act = torch.empty(pairs, w2.shape[2], dtype=x.dtype, device=x.device)
-    expert_gemm(x, w13, act, aligned, top_k, config, scale=scales[0], fp8=fp8)
+    a, a_scale = operand(x)
+    expert_gemm(a, w13, act, aligned, top_k, config, scale=scales[0], fp8=fp8, a_scale=a_scale)
     out = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
-    expert_gemm(act, w2, out, aligned, 1, config, weights.reshape(-1), scale=scales[1], fp8=fp8)
+    a, a_scale = operand(act)
+    expert_gemm(a, w2, out, aligned, 1, config, weights.reshape(-1), scale=scales[1], fp8=fp8, a_scale=a_scale)
     return out.view(num_tokens, top_k, hidden).sum(dim=1)

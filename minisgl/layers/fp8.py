@@ -34,15 +34,16 @@ def expand_scale(scale: torch.Tensor, rows: int, cols: int, config: Fp8Config) -
 
 
 def quantize_weight(w: torch.Tensor, config: Fp8Config) -> tuple[torch.Tensor, torch.Tensor]:
-    """W [N, K] -> (e4m3 W / scale, float32 scale) with each block's (or row's) largest magnitude at FP8_MAX."""
-    n, k = w.shape
+    """W [..., N, K] -> (e4m3 W / scale, float32 scale [..., scale rows, scale columns]) with each block's (or
+    row's) largest magnitude at FP8_MAX; leading dims (experts) are quantized each on its own."""
+    *lead, n, k = w.shape
     rows, cols = config.scale_shape(n, k)
     w32 = w.float()
     if config.block:
         pad = F.pad(w32.abs(), (0, cols * config.group - k, 0, rows * config.scale_rows - n))
-        amax = pad.view(rows, config.scale_rows, cols, config.group).amax(dim=(1, 3))
+        amax = pad.view(*lead, rows, config.scale_rows, cols, config.group).amax(dim=(-3, -1))
     else:
-        amax = w32.abs().amax(dim=1, keepdim=True)
+        amax = w32.abs().amax(dim=-1, keepdim=True)
     scale = amax.clamp(min=MIN_SCALE) / FP8_MAX
     q = (w32 / expand_scale(scale, n, k, config)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q, scale

@@ -3,16 +3,21 @@ against their torch reference (the interpreter's small shapes are tests/kernels/
 
 from __future__ import annotations
 
+import functools
+from dataclasses import replace
+
 import pytest
 import torch
 from kernels.test_fp8_kernels import BLOCK128, GPU_SHAPES, TOL, check_experts, check_linear, gemv_fp8
 
 from minisgl.kernels import use_pdl
 from minisgl.kernels.fp8 import Fp8GemmConfig, fp8_gemm
+from minisgl.kernels.fused_moe import MoEConfig, fused_experts
 from minisgl.kernels.gemv import BLOCK_M, gemv
 from minisgl.kernels.norm import add_rms_norm
 from minisgl.layers.activation import silu_and_mul_torch
 from minisgl.layers.fp8 import fp8_linear_torch, quantize_weight
+from minisgl.layers.moe import experts_torch, route
 from minisgl.layers.norm import RMSNorm
 from minisgl.quantization import Fp8Config
 
@@ -31,10 +36,49 @@ def test_fp8_linear_full_size(shape, m):
         check_linear(kernel, m, *shape, Fp8Config())
 
 
-@pytest.mark.parametrize("tokens", [1, 8, 256])
+@pytest.mark.parametrize("tokens", [1, 8, 256, 1024])
 def test_fp8_fused_experts_full_size(tokens):
-    """qwen3-30b-a3b's experts at TP 1: 128 experts, top 8, hidden 2048, intermediate 768."""
-    check_experts(tokens, 128, 8, 2048, 768, BLOCK128, None)
+    """qwen3-30b-a3b's experts at TP 1: 128 experts, top 8, hidden 2048, intermediate 768, with FP8_CONFIGS'
+    tiles (x quantized in the tiles or by its own launch, whichever the row says). 1,024 tokens give 2M
+    outputs: a few neighbouring-e4m3 flips are allowed (see TOL)."""
+    check_experts(tokens, 128, 8, 2048, 768, BLOCK128, None, flips=4 if tokens >= 1024 else 0)
+
+
+@pytest.mark.parametrize("in_tile", [False, True], ids=["x_quantized_once", "x_quantized_in_tiles"])
+@pytest.mark.parametrize("tokens, tiles", [
+    (4, MoEConfig(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4)),
+    (64, MoEConfig(block_m=16, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=3)),
+    (1024, MoEConfig(block_m=64, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=4)),
+    (1024, MoEConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=3)),
+], ids=["decode_mma", "decode_narrow", "prefill_wgmma64", "prefill_wgmma128"])
+def test_fp8_fused_experts_both_quantizations(tokens, tiles, in_tile):
+    """Both ways of quantizing the activations, each on mma.sync (16-row) and wgmma (64- and 128-row) tiles
+    of the kind the FP8 sweep (`benchmarks/moe.py --fp8 --sweep`) may write to the table."""
+    check_experts(tokens, 128, 8, 2048, 768, BLOCK128, replace(tiles, in_tile=in_tile),
+                  flips=4 if tokens >= 1024 else 0)
+
+
+def test_fp8_fused_experts_replay_in_a_cuda_graph():
+    """FP8 experts as the decode step runs them: captured once (the quantize launches and their buffers
+    included), replayed on fresh activations and routing, against the reference each time."""
+    cuda = torch.device("cuda", torch.cuda.current_device())
+    gen = torch.Generator(device=cuda).manual_seed(0)
+    w13, s13 = quantize_weight(torch.randn(128, 1536, 2048, generator=gen, device=cuda) / 2048**0.5, BLOCK128)
+    w2, s2 = quantize_weight(torch.randn(128, 2048, 768, generator=gen, device=cuda) / 768**0.5, BLOCK128)
+    x = torch.randn(96, 2048, generator=gen, device=cuda).bfloat16()
+    weights, ids = route(torch.randn(96, 128, generator=gen, device=cuda), 8, True)
+    ids = ids.to(torch.int32)
+    run = functools.partial(fused_experts, scales=(s13, s2), fp8=BLOCK128)
+    run(x, w13, w2, weights, ids)  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run(x, w13, w2, weights, ids)
+    for _ in range(2):
+        new_weights, new_ids = route(torch.randn(96, 128, generator=gen, device=cuda), 8, True)
+        x.normal_(generator=gen), weights.copy_(new_weights), ids.copy_(new_ids)
+        graph.replay()
+        expected = experts_torch(x, w13, w2, weights, ids, scales=(s13, s2), fp8=BLOCK128)
+        torch.testing.assert_close(out.float(), expected.float(), **TOL)
 
 
 @pytest.mark.parametrize("experts, top_k, hidden, inter, tokens, config", [

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from minisgl.kernels.fp8 import Fp8GemmConfig, fp8_gemm
-from minisgl.kernels.fused_moe import MoEConfig, fused_experts
+from minisgl.kernels.fused_moe import CONFIGS, FP8_CONFIGS, MoEConfig, fused_experts, pick_config
 from minisgl.kernels.gemv import GemvConfig, gemv
 from minisgl.layers.activation import silu_and_mul_torch
 from minisgl.layers.fp8 import fp8_linear_torch, quantize_weight
@@ -88,16 +88,53 @@ def test_fp8_gemv_with_silu_mul(m):
     torch.testing.assert_close(out, fp8_linear_torch(silu_and_mul_torch(gate_up), w, scale, config), **TOL)
 
 
+@pytest.mark.parametrize("scales", list(SMALL))
+def test_quantize_weight_takes_each_expert_on_its_own(scales):
+    """Stacked experts [E, N, K] (the benchmarks' and GPU tests' layout) quantize as each expert alone: the
+    same e4m3 values and scales, [E, ...]."""
+    config = SMALL[scales]
+    magnitudes = torch.tensor([1.0, 10.0, 0.1])[:, None, None]
+    w = torch.randn(3, 50, 70, generator=torch.Generator().manual_seed(0)) * magnitudes
+    q, scale = quantize_weight(w, config)
+    for expert in range(3):
+        q1, scale1 = quantize_weight(w[expert], config)
+        assert torch.equal(q[expert].float(), q1.float()) and torch.equal(scale[expert], scale1)
+
+
 @pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
+@pytest.mark.parametrize("in_tile", [False, True], ids=["x_quantized_once", "x_quantized_in_tiles"])
 @pytest.mark.parametrize("block_n", [16, 32], ids=["tile_in_block", "tile_over_blocks"])
 @pytest.mark.parametrize("scales", list(SMALL))
 @pytest.mark.parametrize("tokens", [1, 9])
-def test_fp8_fused_experts_small(scales, tokens, block_n):
+def test_fp8_fused_experts_small(scales, tokens, block_n, in_tile):
     """8 experts, top 2, hidden 64, intermediate 48 (not a multiple of the 32-column group). With 16-row
     blocks a 16-column tile takes one weight scale per group, a 32-column one (past N = 48: wrapped) one
-    per column."""
+    per column. The GEMMs take x (and the gate/up output) quantized by a launch of their own, or quantize
+    them in their tiles."""
     check_experts(tokens, 8, 2, 64, 48, SMALL[scales], MoEConfig(block_m=16, block_n=block_n, block_k=32,
-                                                                  group_m=1, num_warps=4, num_stages=1))
+                                                                  group_m=1, num_warps=4, num_stages=1,
+                                                                  in_tile=in_tile))
+
+
+@pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
+@pytest.mark.parametrize("tokens", [3, 40])
+def test_fp8_fused_experts_picked_tiles(tokens):
+    """Tiles from the heuristic (block-scaled 16 x 32: BLOCK_K becomes the 32-column group): 40 tokens x top 2
+    fill several 16-row blocks of one expert."""
+    check_experts(tokens, 8, 2, 64, 48, SMALL["block16x32"], None)
+
+
+def test_fp8_experts_take_the_fp8_table():
+    """e4m3 experts of qwen3-30b-a3b's shape (TP 1 and 2) get FP8_CONFIGS' row for each token count, bf16
+    ones CONFIGS' (the FP8 rows differ from the bf16 ones at least in BLOCK_K from 512 tokens)."""
+    assert FP8_CONFIGS.keys() == CONFIGS.keys()
+    for (experts, inter, hidden), rows in FP8_CONFIGS.items():
+        w13 = torch.empty(experts, 2 * inter, hidden, dtype=torch.float8_e4m3fn, device="meta")
+        for tokens, config in rows:
+            assert pick_config(tokens, 8, w13) == config
+        bf16 = w13.to(torch.bfloat16)
+        assert all(pick_config(tokens, 8, bf16) == config for tokens, config in CONFIGS[experts, inter, hidden])
+        assert any(pick_config(tokens, 8, w13) != pick_config(tokens, 8, bf16) for tokens, _ in rows)
 
 
 def check_experts(tokens: int, experts: int, top_k: int, hidden: int, inter: int, config: Fp8Config,
