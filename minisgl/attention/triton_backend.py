@@ -17,7 +17,6 @@ import torch
 
 from minisgl.attention.base import AttentionBackend, ForwardInput
 from minisgl.kernels.attention import KernelConfig, decode_attention, extend_attention, num_decode_splits
-from minisgl.kernels.kv_store import store_kv
 from minisgl.kvcache.pool import KVPool
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
@@ -26,7 +25,6 @@ FP8_MIN_CAPABILITY = (8, 9)  # Triton's float8e4nv: Ada and Hopper on
 
 @dataclass
 class DecodeMeta:
-    out_slots: torch.Tensor  # [B]
     rows: torch.Tensor  # [B]
     seq_lens: torch.Tensor  # [B]
     num_splits: int
@@ -45,7 +43,6 @@ class DecodeMeta:
 
 @dataclass
 class ExtendMeta:
-    out_slots: torch.Tensor  # [T]
     rows: torch.Tensor  # [B]
     kv_lens: torch.Tensor  # [B]
     extend_lens: torch.Tensor  # [B]
@@ -75,7 +72,6 @@ class MixedMeta:
     Why: the extend kernel gives a decode row one program per KV head over its whole context, a tile mostly
     of padding; the decode kernel reads the same keys at about copy bandwidth (MIXED_SPLIT_KV_BYTES: when)."""
 
-    out_slots: torch.Tensor  # [T] of the whole batch: `store` is one launch for all its tokens
     decode: DecodeMeta
     extend: ExtendMeta
 
@@ -101,19 +97,19 @@ class TritonBackend(AttentionBackend):
 
     def prepare(self, batch: ForwardInput) -> DecodeMeta | ExtendMeta | MixedMeta:
         if batch.is_decode or batch.max_extend == 1:
-            return self._decode_meta(batch.out_slots, batch.rows, batch.seq_lens)
+            return self._decode_meta(batch.rows, batch.seq_lens)
         decodes = batch.decode_rows if self._worth_splitting(batch) else 0  # rows (and tokens) [0, decodes)
         extend_lens = batch.extend_lens[decodes:]
-        extend = ExtendMeta(batch.out_slots[decodes:], batch.rows[decodes:], batch.kv_lens[decodes:], extend_lens,
+        extend = ExtendMeta(batch.rows[decodes:], batch.kv_lens[decodes:], extend_lens,
                             torch.cumsum(extend_lens, 0) - extend_lens, batch.max_extend)
         if not decodes:
             return extend
-        decode = self._decode_meta(batch.out_slots[:decodes], batch.rows[:decodes], batch.seq_lens[:decodes])
-        return MixedMeta(batch.out_slots, decode, extend)
+        decode = self._decode_meta(batch.rows[:decodes], batch.seq_lens[:decodes])
+        return MixedMeta(decode, extend)
 
-    def _decode_meta(self, out_slots: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor) -> DecodeMeta:
+    def _decode_meta(self, rows: torch.Tensor, seq_lens: torch.Tensor) -> DecodeMeta:
         splits = num_decode_splits(rows.numel(), self.pool.k.shape[2], self.num_sms, self.config)
-        return DecodeMeta(out_slots, rows, seq_lens, splits)
+        return DecodeMeta(rows, seq_lens, splits)
 
     def _worth_splitting(self, batch: ForwardInput) -> bool:
         """Whether the leading decode rows' K/V of one layer (cached tokens, plus each row's new one) reaches
@@ -122,9 +118,6 @@ class TritonBackend(AttentionBackend):
         token_bytes = 2 * k.shape[2] * k.shape[3] * k.element_size()
         kv_bytes = (batch.decode_kv_tokens + batch.decode_rows) * token_bytes
         return batch.decode_rows > 0 and kv_bytes >= self.mixed_split_kv_bytes
-
-    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-        store_kv(self.pool.k[layer], self.pool.v[layer], slots, k, v)
 
     def attend(self, layer: int, q: torch.Tensor, meta: DecodeMeta | ExtendMeta | MixedMeta,
                out: torch.Tensor | None = None) -> torch.Tensor:
