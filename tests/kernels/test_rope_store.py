@@ -9,6 +9,8 @@ float16: it has no bfloat16 arithmetic); on a GPU (MINISGL_TEST_DEVICE=cuda) in 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from helpers import DEVICE
@@ -73,8 +75,7 @@ class RopeStoreCase:
         self.norms = (make_norm(head_dim, dtype), make_norm(head_dim, dtype)) if qk_norm else (None, None)
 
     def fresh_pool(self) -> KVPool:
-        pool = KVPool.__new__(KVPool)
-        pool.__dict__.update(self.pool.__dict__)
+        pool = copy.copy(self.pool)
         pool.k, pool.v = self.pool.k.clone(), self.pool.v.clone()
         return pool
 
@@ -90,10 +91,17 @@ class RopeStoreCase:
         return q
 
     def check(self) -> None:
+        """The kernel on a copy of the pool against the reference on another: q, the pool, the inputs unchanged."""
         qkv_before = self.qkv.clone()
-        ours, ref = self.fresh_pool(), self.fresh_pool()
-        q_out, q_ref = self.run_kernel(ours), self.run_reference(ref)
+        ours = self.fresh_pool()
+        q_out = self.run_kernel(ours)
         assert torch.equal(self.qkv, qkv_before)
+        self.verify(q_out, ours)
+
+    def verify(self, q_out: torch.Tensor, ours: KVPool) -> None:
+        """q_out and `ours` (a copy of this case's pool that the kernel wrote into) against the reference."""
+        ref = self.fresh_pool()
+        q_ref = self.run_reference(ref)
         assert_close(q_out, q_ref)  # padding rows too: their q is computed like any other
         real = self.slots[: self.tokens]
         k_got, _ = ours.load(LAYER, real, torch.float32)
