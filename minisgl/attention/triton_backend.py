@@ -28,16 +28,19 @@ class DecodeMeta:
     rows: torch.Tensor  # [B]
     seq_lens: torch.Tensor  # [B]
     num_splits: int
-    scratch: tuple[torch.Tensor, torch.Tensor] | None = None  # split partials, made by the first layer
+    scratch: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # split partials, made by the first layer
 
-    def split_scratch(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | tuple[None, None]:
-        """Partial outputs [B, heads, splits, D] and their log-sum-exp, shared by every layer of the step."""
+    def split_scratch(self, q: torch.Tensor, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | \
+            tuple[None, None, None]:
+        """Partial outputs [B, heads, splits, D], their log-sum-exp, and the arrival counters [B, kv_heads] (zeros,
+        and zeros again after each layer), shared by every layer of the step."""
         if self.num_splits == 1:
-            return None, None
+            return None, None, None
         if self.scratch is None:
             batch, heads, dim = q.shape
             self.scratch = (torch.empty(batch, heads, self.num_splits, dim, dtype=torch.float32, device=q.device),
-                            torch.empty(batch, heads, self.num_splits, dtype=torch.float32, device=q.device))
+                            torch.empty(batch, heads, self.num_splits, dtype=torch.float32, device=q.device),
+                            torch.zeros(batch, kv_heads, dtype=torch.int32, device=q.device))
         return self.scratch
 
 
@@ -56,7 +59,7 @@ class ExtendMeta:
 # tile of 128 query rows of which `group` are real. On an H200 (qwen3-8b, 224 decodes of ~1,000 cached tokens
 # beside 1,358 prompt tokens) that took ~20 ms of a 61 ms step, ~2.5x their read at copy bandwidth (33 GB at
 # ~4.3 TB/s: ~8 ms), which the decode kernel roughly reaches: the split saves more than the decode rows' read
-# time. It costs one or two more launches a layer (the decode kernel, and its reduce when it splits the keys),
+# time. It costs one more launch a layer (the decode kernel; when it splits the keys, its last split reduces them),
 # which a host-bound enqueue would feel, so tiny reads stay in one launch. But mixed steps under load are
 # device-bound (qwen3-0.6b at 64 streams on an H200: ~11 ms on the device for ~5 ms of enqueue), and there the
 # split already pays at 64 rows of ~800 tokens (~200 MiB: 135 against 214 us a layer, benchmarks/attention.py
@@ -135,9 +138,9 @@ class TritonBackend(AttentionBackend):
     def _attend(self, layer: int, q: torch.Tensor, meta: DecodeMeta | ExtendMeta, out: torch.Tensor) -> None:
         k_cache, v_cache, page_size = self.pool.k[layer], self.pool.v[layer], self.pool.page_size
         if isinstance(meta, DecodeMeta):
-            part_out, part_lse = meta.split_scratch(q)
+            part_out, part_lse, counter = meta.split_scratch(q, k_cache.shape[1])
             decode_attention(q, k_cache, v_cache, self.page_table, meta.rows, meta.seq_lens, out, part_out, part_lse,
-                             page_size, meta.num_splits, self.config)
+                             counter, page_size, meta.num_splits, self.config)
         else:
             extend_attention(q, k_cache, v_cache, self.page_table, meta.rows, meta.kv_lens, meta.extend_lens,
                              meta.q_starts, meta.max_extend, out, page_size, self.config)

@@ -142,6 +142,23 @@ def test_decode_matches_torch(heads, kv_heads, page_size, splits):
     case.check(KernelConfig(decode_block_n=16, decode_splits=splits))
 
 
+def test_decode_layers_of_a_step_share_the_split_counters():
+    """The last split to arrive reduces and resets its (request, KV head) counter to zero: each layer of a step
+    (one metadata, one scratch) gives the torch reference's output, and the counters end as zeros."""
+    case = Case(DECODE_KV, [1] * len(DECODE_KV), 6, 2, HEAD_DIMS[0], 1, padded=2, seed=4)
+    pool = case.pool
+    for layer in (0, 1):
+        pool.store(layer, case.batch.out_slots, case.k, case.v)
+    triton_backend = TritonBackend(pool, case.page_table, KernelConfig(decode_block_n=16, decode_splits=4))
+    torch_backend = TorchBackend(pool, case.page_table)
+    meta, torch_meta = triton_backend.prepare(case.batch), torch_backend.prepare(case.batch)
+    for layer in (0, 1, 0):
+        got = triton_backend.attend(layer, case.q, meta)[: case.num_real]
+        want = torch_backend.attend(layer, case.q, torch_meta)[: case.num_real]
+        torch.testing.assert_close(got, want, atol=TOLERANCE[torch.float32], rtol=TOLERANCE[torch.float32])
+    assert meta.scratch is not None and not meta.scratch[2].any()
+
+
 @pytest.mark.parametrize("head_dim", HEAD_DIMS[1:] + [24])
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_decode_head_dims(head_dim, page_size):
