@@ -39,7 +39,8 @@ def _norm_rope_heads(src, head_stride, dst, n_heads, weight_ptr, eps, cos, sin, 
         first = (a * scale).to(first.dtype) * tl.load(weight_ptr + dims, mask=dims < HALF, other=0.0)
         second = (b * scale).to(second.dtype) * tl.load(weight_ptr + HALF + dims, mask=dims < HALF, other=0.0)
     a, b = first.to(tl.float32), second.to(tl.float32)
-    in_ty, out_ty = src.dtype.element_ty, dst.dtype.element_ty
+    in_ty = src.dtype.element_ty  # two statements: Triton 3.6 cannot unpack a tuple of dtypes
+    out_ty = dst.dtype.element_ty
     tl.store(dst + heads * (2 * HALF) + dims, to_cache((a * cos - b * sin).to(in_ty), out_ty, FP8), mask=mask)
     tl.store(dst + heads * (2 * HALF) + HALF + dims, to_cache((b * cos + a * sin).to(in_ty), out_ty, FP8),
              mask=mask)
