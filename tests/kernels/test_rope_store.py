@@ -107,9 +107,11 @@ class RopeStoreCase:
         k_got, _ = ours.load(LAYER, real, torch.float32)
         k_want, _ = ref.load(LAYER, real, torch.float32)
         if ours.k.dtype == FP8:
-            # k is rounded once more (to fp8) after the rounding to the model's dtype where both may differ by
-            # an ulp: at most one fp8 step apart, and equal almost everywhere.
-            torch.testing.assert_close(k_got, k_want, rtol=0.125, atol=2.0**-9)
+            # k is rounded once more (to fp8) after the rounding to the model's dtype, where both may differ: by
+            # an ulp of k, or near zero (the rotation cancels) by the reference's roundings of its products, an ulp
+            # of inputs ~1 (2**-8 in bf16; two fp8 subnormal steps, seen on an H100). So one fp8 step (12.5%) plus
+            # 2**-6 absolute, and equal almost everywhere.
+            torch.testing.assert_close(k_got, k_want, rtol=0.125, atol=2.0**-6)
             assert (k_got == k_want).float().mean() > 0.95
         else:
             assert_close(k_got.to(self.q.dtype), k_want.to(self.q.dtype))
