@@ -6,12 +6,12 @@
     python benchmarks/attention.py --kv-cache-dtype fp8 --mode decode               # an fp8 pool
     python benchmarks/attention.py --mode mixed --mixed-cases 224x1000+1358+0       # a mixed step, split or not
 
-Times `backend.forward` (KV store + attention, what every layer pays; `prepare` runs once per step and is
-not included) with triton.testing.do_bench, which flushes L2 between runs. Decode rows report the K/V bytes
-read per second, extend rows the attention TFLOP/s (causal pairs only). Mixed rows (decodes, then one prefill
-chunk) time the Triton backend with the decode rows split off to the decode kernel (triton_us) and with every
-row in the extend kernel (unsplit_us): speedup is unsplit / split, max_diff between the two. Pages are
-assigned at random.
+Times `backend.attend` (attention over the pool, into which the step's new K/V were stored by the model's rope
+kernel; `prepare` runs once per step and is not included) with triton.testing.do_bench, which flushes L2
+between runs. Decode rows report the K/V bytes read per second, extend rows the attention TFLOP/s (causal
+pairs only). Mixed rows (decodes, then one prefill chunk) time the Triton backend with the decode rows split
+off to the decode kernel (triton_us) and with every row in the extend kernel (unsplit_us): speedup is unsplit
+/ split, max_diff between the two. Pages are assigned at random.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ def int_list(text: str) -> list[int]:
 
 def random_batch(kv_lens: list[int], extend_lens: list[int], heads: int, kv_heads: int, head_dim: int,
                  page_size: int, dtype: torch.dtype, cache_dtype: torch.dtype, device: torch.device):
-    """One layer's pool with exactly the pages the batch needs, in random order, plus q/k/v of the new tokens."""
+    """One layer's pool with exactly the pages the batch needs, in random order, holding the new tokens' K/V
+    too, and their q."""
     gen = torch.Generator(device).manual_seed(0)
     counts = [-(-(k + n) // page_size) for k, n in zip(kv_lens, extend_lens)]
     pool = KVPool(1, sum(counts), page_size, kv_heads, head_dim, dtype, device, cache_dtype)
@@ -57,15 +58,16 @@ def random_batch(kv_lens: list[int], extend_lens: list[int], heads: int, kv_head
                          out_slots=out_slots, rows=torch.arange(len(kv_lens), device=device), kv_lens=kv,
                          extend_lens=ext, seq_lens=kv + ext, last_index=starts + ext - 1, max_extend=max(extend_lens),
                          max_seq_len=max(k + n for k, n in zip(kv_lens, extend_lens)), is_decode=max(extend_lens) == 1)
-    qkv = [torch.randn(tokens, h, head_dim, generator=gen, device=device, dtype=dtype)
-           for h in (heads, kv_heads, kv_heads)]
-    return pool, page_table, batch, qkv
+    q, k, v = [torch.randn(tokens, h, head_dim, generator=gen, device=device, dtype=dtype)
+               for h in (heads, kv_heads, kv_heads)]
+    pool.store(0, out_slots, k, v)
+    return pool, page_table, batch, q
 
 
-def time_backend(backend, batch: ForwardInput, qkv) -> tuple[float, torch.Tensor]:
-    """Median microseconds of one layer's forward, and its output."""
+def time_backend(backend, batch: ForwardInput, q: torch.Tensor) -> tuple[float, torch.Tensor]:
+    """Median microseconds of one layer's attention, and its output."""
     meta = backend.prepare(batch)
-    run = lambda: backend.forward(0, *qkv, meta)  # noqa: E731
+    run = lambda: backend.attend(0, q, meta)  # noqa: E731
     out = run()
     return 1000 * do_bench(run, return_mode="median"), out
 
@@ -75,9 +77,9 @@ def bench_case(args, config: KernelConfig, mode: str, heads: int, kv_heads: int,
     """context = cached tokens before the step; decode feeds 1 new token per request."""
     kv_lens, ext = [context] * batch_size, [new_tokens] * batch_size
     dtype = DTYPES[args.dtype]
-    pool, page_table, batch, qkv = random_batch(kv_lens, ext, heads, kv_heads, args.head_dim, page_size, dtype,
+    pool, page_table, batch, q = random_batch(kv_lens, ext, heads, kv_heads, args.head_dim, page_size, dtype,
                                                 kv_cache_dtype(args.kv_cache_dtype, dtype), torch.device("cuda"))
-    triton_us, out = time_backend(TritonBackend(pool, page_table, config), batch, qkv)
+    triton_us, out = time_backend(TritonBackend(pool, page_table, config), batch, q)
     row = dict(mode=mode, heads=f"{heads}/{kv_heads}", page=page_size, batch=batch_size, context=context,
                new=new_tokens, triton_us=triton_us)
     if mode == "decode":
@@ -87,10 +89,10 @@ def bench_case(args, config: KernelConfig, mode: str, heads: int, kv_heads: int,
         pairs = batch_size * (new_tokens * context + new_tokens * (new_tokens + 1) // 2)
         row["rate"] = f"{4 * pairs * heads * args.head_dim / triton_us / 1e6:.1f} TFLOP/s"
     if not args.no_torch:
-        torch_us, expected = time_backend(TorchBackend(pool, page_table), batch, qkv)
+        torch_us, expected = time_backend(TorchBackend(pool, page_table), batch, q)
         row.update(torch_us=torch_us, speedup=torch_us / triton_us,
                    max_diff=(out.float() - expected.float()).abs().max().item())
-    del pool, page_table, batch, qkv
+    del pool, page_table, batch, q
     torch.cuda.empty_cache()
     return row
 
@@ -101,19 +103,19 @@ def bench_mixed(args, config: KernelConfig, heads: int, kv_heads: int, decodes: 
     cached ones, as the scheduler orders a mixed step: with the decode rows split off, then without."""
     kv_lens, ext = [context] * decodes + [prefix], [1] * decodes + [chunk]
     dtype = DTYPES[args.dtype]
-    pool, page_table, batch, qkv = random_batch(kv_lens, ext, heads, kv_heads, args.head_dim, page_size, dtype,
+    pool, page_table, batch, q = random_batch(kv_lens, ext, heads, kv_heads, args.head_dim, page_size, dtype,
                                                 kv_cache_dtype(args.kv_cache_dtype, dtype), torch.device("cuda"))
     batch = dataclasses.replace(batch, decode_rows=decodes, decode_kv_tokens=decodes * context)
     timed = {}
     for split_bytes, kind in ((0, MixedMeta), (1 << 62, ExtendMeta)):
         backend = TritonBackend(pool, page_table, config, mixed_split_kv_bytes=split_bytes)
         assert isinstance(backend.prepare(batch), kind)
-        timed[kind] = time_backend(backend, batch, qkv)
+        timed[kind] = time_backend(backend, batch, q)
     (split_us, out), (unsplit_us, expected) = timed[MixedMeta], timed[ExtendMeta]
     row = dict(mode="mixed", heads=f"{heads}/{kv_heads}", page=page_size, batch=decodes, context=context,
                new=chunk, triton_us=split_us, unsplit_us=unsplit_us, speedup=unsplit_us / split_us,
                max_diff=(out.float() - expected.float()).abs().max().item())
-    del pool, page_table, batch, qkv
+    del pool, page_table, batch, q
     torch.cuda.empty_cache()
     return row
 

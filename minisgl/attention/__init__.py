@@ -1,8 +1,8 @@
-"""Attention backends behind one interface: prepare(batch) once, then forward per layer."""
+"""Attention backends behind one interface: prepare(batch) once, then attend per layer."""
 
 from __future__ import annotations
 
-from minisgl.attention.base import AttentionBackend, ForwardInput
+from minisgl.attention.base import AttentionBackend, ForwardInput, StepAttention
 from minisgl.attention.torch_backend import TorchBackend
 from minisgl.kvcache.pool import KVPool
 
@@ -19,4 +19,4 @@ def make_backend(name: str, pool: KVPool, page_table) -> AttentionBackend:
     raise ValueError(f"unknown attention backend {name!r}; available: {', '.join(BACKENDS)}")
 
 
-__all__ = ["AttentionBackend", "BACKENDS", "ForwardInput", "make_backend"]
+__all__ = ["AttentionBackend", "BACKENDS", "ForwardInput", "StepAttention", "make_backend"]

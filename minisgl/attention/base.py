@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
+
+from minisgl.kvcache.pool import KVPool
 
 
 @dataclass
@@ -33,25 +35,28 @@ class ForwardInput:
     decode_kv_tokens: int = 0
 
 
+@dataclass
+class StepAttention:
+    """A step's attention as the model sees it: each layer's rope writes the new tokens' k/v into `pool` at
+    `slots` (on a GPU in the rope kernel itself, a launch fewer per layer than a separate store), then
+    `attend(layer, q)` attends over the pool. The engine binds `attend` to a backend; the piecewise CUDA graphs
+    bind it to the split between two graph pieces, so the store is captured with the rope."""
+
+    pool: KVPool
+    slots: torch.Tensor  # [T] pool slot of each new token
+    attend: Callable[[int, torch.Tensor], torch.Tensor]  # (layer, q [T, heads, D]) -> [T, heads * D]
+
+
 class AttentionBackend(Protocol):
-    """`prepare` runs once per step, `forward` (`store`, then `attend`) once per layer. A backend with
-    `supports_cuda_graph` must keep `prepare` of a decode batch capturable: device ops only, no host reads of
-    device tensors, and max_seq_len used only as an upper bound. `store` must always be capturable: the
-    piecewise CUDA graphs of prefill steps capture it, with `attend` run eagerly between the pieces."""
+    """`prepare` runs once per step, `attend` once per layer, after the model stored that layer's new K/V in the
+    pool (see StepAttention). A backend with `supports_cuda_graph` must keep `prepare` of a decode batch
+    capturable: device ops only, no host reads of device tensors, and max_seq_len used only as an upper bound."""
 
     supports_cuda_graph: bool
 
     def prepare(self, batch: ForwardInput) -> Any:
-        """Build per-batch metadata once; every layer's forward reuses it."""
-
-    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-        """Write the new tokens' k/v [T, kv_heads, D] into the pool at `slots` [T]."""
+        """Build per-batch metadata once; every layer's attend reuses it."""
 
     def attend(self, layer: int, q: torch.Tensor, meta: Any, out: torch.Tensor | None = None) -> torch.Tensor:
         """Attend causally over each request's whole context, whose new K/V are stored already.
         q: [T, heads, D] -> [T, heads * D], written into `out` when given."""
-
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: Any) -> torch.Tensor:
-        """Store k/v of the new tokens in the pool (at `meta.out_slots`), then attend."""
-        self.store(layer, k, v, meta.out_slots)
-        return self.attend(layer, q, meta)

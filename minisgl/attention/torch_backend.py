@@ -18,7 +18,6 @@ from minisgl.kvcache.pool import KVPool
 
 @dataclass
 class TorchMeta:
-    out_slots: torch.Tensor  # [T]
     kv_slots: torch.Tensor  # [B, L] slot of every context position (scratch slot past the end)
     mask: torch.Tensor  # [B, 1, Q, L] True where query j of request b may see key p
     batch_index: torch.Tensor  # [T] request of each token
@@ -47,10 +46,7 @@ class TorchBackend(AttentionBackend):
         query_pos = batch.kv_lens[:, None] + torch.arange(q, device=device)[None, :]  # [B, Q]
         mask = (pos[None, None, :] <= query_pos[:, :, None]) & valid[:, None, :]
         mask[:, :, 0] = True  # padded query rows see one key instead of none (no NaN; discarded anyway)
-        return TorchMeta(batch.out_slots, kv_slots, mask.unsqueeze(1), batch_index, query_index, b, q)
-
-    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-        self.pool.store(layer, slots, k, v)
+        return TorchMeta(kv_slots, mask.unsqueeze(1), batch_index, query_index, b, q)
 
     def attend(self, layer: int, q: torch.Tensor, meta: TorchMeta, out: torch.Tensor | None = None) -> torch.Tensor:
         heads, dim = q.shape[1], q.shape[2]

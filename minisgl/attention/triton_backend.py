@@ -17,7 +17,6 @@ import torch
 
 from minisgl.attention.base import AttentionBackend, ForwardInput
 from minisgl.kernels.attention import KernelConfig, decode_attention, extend_attention, num_decode_splits
-from minisgl.kernels.kv_store import store_kv
 from minisgl.kvcache.pool import KVPool
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
@@ -26,26 +25,27 @@ FP8_MIN_CAPABILITY = (8, 9)  # Triton's float8e4nv: Ada and Hopper on
 
 @dataclass
 class DecodeMeta:
-    out_slots: torch.Tensor  # [B]
     rows: torch.Tensor  # [B]
     seq_lens: torch.Tensor  # [B]
     num_splits: int
-    scratch: tuple[torch.Tensor, torch.Tensor] | None = None  # split partials, made by the first layer
+    scratch: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # split partials, made by the first layer
 
-    def split_scratch(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | tuple[None, None]:
-        """Partial outputs [B, heads, splits, D] and their log-sum-exp, shared by every layer of the step."""
+    def split_scratch(self, q: torch.Tensor, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | \
+            tuple[None, None, None]:
+        """Partial outputs [B, heads, splits, D], their log-sum-exp, and the arrival counters [B, kv_heads] (zeros,
+        and zeros again after each layer), shared by every layer of the step."""
         if self.num_splits == 1:
-            return None, None
+            return None, None, None
         if self.scratch is None:
             batch, heads, dim = q.shape
             self.scratch = (torch.empty(batch, heads, self.num_splits, dim, dtype=torch.float32, device=q.device),
-                            torch.empty(batch, heads, self.num_splits, dtype=torch.float32, device=q.device))
+                            torch.empty(batch, heads, self.num_splits, dtype=torch.float32, device=q.device),
+                            torch.zeros(batch, kv_heads, dtype=torch.int32, device=q.device))
         return self.scratch
 
 
 @dataclass
 class ExtendMeta:
-    out_slots: torch.Tensor  # [T]
     rows: torch.Tensor  # [B]
     kv_lens: torch.Tensor  # [B]
     extend_lens: torch.Tensor  # [B]
@@ -59,7 +59,7 @@ class ExtendMeta:
 # tile of 128 query rows of which `group` are real. On an H200 (qwen3-8b, 224 decodes of ~1,000 cached tokens
 # beside 1,358 prompt tokens) that took ~20 ms of a 61 ms step, ~2.5x their read at copy bandwidth (33 GB at
 # ~4.3 TB/s: ~8 ms), which the decode kernel roughly reaches: the split saves more than the decode rows' read
-# time. It costs one or two more launches a layer (the decode kernel, and its reduce when it splits the keys),
+# time. It costs one more launch a layer (the decode kernel; when it splits the keys, its last split reduces them),
 # which a host-bound enqueue would feel, so tiny reads stay in one launch. But mixed steps under load are
 # device-bound (qwen3-0.6b at 64 streams on an H200: ~11 ms on the device for ~5 ms of enqueue), and there the
 # split already pays at 64 rows of ~800 tokens (~200 MiB: 135 against 214 us a layer, benchmarks/attention.py
@@ -75,7 +75,6 @@ class MixedMeta:
     Why: the extend kernel gives a decode row one program per KV head over its whole context, a tile mostly
     of padding; the decode kernel reads the same keys at about copy bandwidth (MIXED_SPLIT_KV_BYTES: when)."""
 
-    out_slots: torch.Tensor  # [T] of the whole batch: `store` is one launch for all its tokens
     decode: DecodeMeta
     extend: ExtendMeta
 
@@ -101,19 +100,19 @@ class TritonBackend(AttentionBackend):
 
     def prepare(self, batch: ForwardInput) -> DecodeMeta | ExtendMeta | MixedMeta:
         if batch.is_decode or batch.max_extend == 1:
-            return self._decode_meta(batch.out_slots, batch.rows, batch.seq_lens)
+            return self._decode_meta(batch.rows, batch.seq_lens)
         decodes = batch.decode_rows if self._worth_splitting(batch) else 0  # rows (and tokens) [0, decodes)
         extend_lens = batch.extend_lens[decodes:]
-        extend = ExtendMeta(batch.out_slots[decodes:], batch.rows[decodes:], batch.kv_lens[decodes:], extend_lens,
+        extend = ExtendMeta(batch.rows[decodes:], batch.kv_lens[decodes:], extend_lens,
                             torch.cumsum(extend_lens, 0) - extend_lens, batch.max_extend)
         if not decodes:
             return extend
-        decode = self._decode_meta(batch.out_slots[:decodes], batch.rows[:decodes], batch.seq_lens[:decodes])
-        return MixedMeta(batch.out_slots, decode, extend)
+        decode = self._decode_meta(batch.rows[:decodes], batch.seq_lens[:decodes])
+        return MixedMeta(decode, extend)
 
-    def _decode_meta(self, out_slots: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor) -> DecodeMeta:
+    def _decode_meta(self, rows: torch.Tensor, seq_lens: torch.Tensor) -> DecodeMeta:
         splits = num_decode_splits(rows.numel(), self.pool.k.shape[2], self.num_sms, self.config)
-        return DecodeMeta(out_slots, rows, seq_lens, splits)
+        return DecodeMeta(rows, seq_lens, splits)
 
     def _worth_splitting(self, batch: ForwardInput) -> bool:
         """Whether the leading decode rows' K/V of one layer (cached tokens, plus each row's new one) reaches
@@ -122,9 +121,6 @@ class TritonBackend(AttentionBackend):
         token_bytes = 2 * k.shape[2] * k.shape[3] * k.element_size()
         kv_bytes = (batch.decode_kv_tokens + batch.decode_rows) * token_bytes
         return batch.decode_rows > 0 and kv_bytes >= self.mixed_split_kv_bytes
-
-    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-        store_kv(self.pool.k[layer], self.pool.v[layer], slots, k, v)
 
     def attend(self, layer: int, q: torch.Tensor, meta: DecodeMeta | ExtendMeta | MixedMeta,
                out: torch.Tensor | None = None) -> torch.Tensor:
@@ -142,9 +138,9 @@ class TritonBackend(AttentionBackend):
     def _attend(self, layer: int, q: torch.Tensor, meta: DecodeMeta | ExtendMeta, out: torch.Tensor) -> None:
         k_cache, v_cache, page_size = self.pool.k[layer], self.pool.v[layer], self.pool.page_size
         if isinstance(meta, DecodeMeta):
-            part_out, part_lse = meta.split_scratch(q)
+            part_out, part_lse, counter = meta.split_scratch(q, k_cache.shape[1])
             decode_attention(q, k_cache, v_cache, self.page_table, meta.rows, meta.seq_lens, out, part_out, part_lse,
-                             page_size, meta.num_splits, self.config)
+                             counter, page_size, meta.num_splits, self.config)
         else:
             extend_attention(q, k_cache, v_cache, self.page_table, meta.rows, meta.kv_lens, meta.extend_lens,
                              meta.q_starts, meta.max_extend, out, page_size, self.config)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from minisgl.attention import ForwardInput, make_backend
+from minisgl.attention import ForwardInput, StepAttention, make_backend
 from minisgl.core import GREEDY_TEMPERATURE, Batch
 from minisgl.distributed import TPGroup
 from minisgl.engine.config import EngineArgs
@@ -162,7 +162,7 @@ class Engine:
         cannot be captured (an op that waits for the host), which then runs those steps eagerly."""
         attn = self.model.model.layers[0].self_attn
         try:
-            return PiecewiseGraphs(self.model, self.prefill_backend.store, self.pool.scratch_page * self.page_size,
+            return PiecewiseGraphs(self.model, self.pool, self.pool.scratch_page * self.page_size,
                                    max_tokens, attn.heads, self.config.head_dim, self.config.dtype, self.device,
                                    self._any_rank)
         except RuntimeError as e:
@@ -269,8 +269,8 @@ class Engine:
         if self._pieces_fit(inputs.input_ids.shape[0]):
             return self.piecewise.run(inputs.input_ids, inputs.positions, inputs.out_slots,
                                       lambda layer, q, out: backend.attend(layer, q, meta, out))
-        return self.model(inputs.input_ids, inputs.positions,
-                          lambda layer, q, k, v: backend.forward(layer, q, k, v, meta))
+        attn = StepAttention(self.pool, inputs.out_slots, lambda layer, q: backend.attend(layer, q, meta))
+        return self.model(inputs.input_ids, inputs.positions, attn)
 
     def _logits(self, inputs: ForwardInput, backend) -> torch.Tensor:
         return self._last_logits(inputs, self._hidden(inputs, backend))

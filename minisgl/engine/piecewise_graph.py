@@ -8,10 +8,11 @@ and, under load, every other stream's inter-token gap. Everything outside attent
 projections, rope, MLP or MoE, TP all-reduces) depends only on the number of tokens, so it is captured per
 token-count bucket; attention runs eagerly on the real tokens between the pieces.
 
-How: the model calls attention through a callback (`attend(layer, q, k, v)`). Capturing the whole forward
-at a bucket's size T, the callback stores k/v in the KV pool at the static slots, copies q into a static
-buffer, ends the current graph and begins the next, and hands back a static output buffer that the next
-piece reads: L layers make L + 1 graphs. A replay copies the step's input ids, positions and KV slots into
+How: the model calls attention through a `StepAttention`: each layer's rope writes its k/v into the KV pool at
+the step's slots, then calls `attend(layer, q)`. Capturing the whole forward at a bucket's size T, the slots
+are a static buffer (so the store is captured with the rope), and the callback copies q into a static buffer,
+ends the current graph and begins the next, and hands back a static output buffer that the next piece reads:
+L layers make L + 1 graphs. A replay copies the step's input ids, positions and KV slots into
 the static inputs (rows past the real tokens keep stale, valid ids and positions: every op outside attention
 works row by row, so padding rows never touch real ones; their slots point at the pool's scratch slot),
 replays piece i, runs attention on the first n rows of the static q into the static output, and so on; the
@@ -36,14 +37,14 @@ from typing import Callable
 
 import torch
 
+from minisgl.attention.base import StepAttention
 from minisgl.engine.cuda_graph import gc_paused
+from minisgl.kvcache.pool import KVPool
 
 logger = logging.getLogger(__name__)
 
-# model(input_ids [T], positions [T], attend) -> hidden [T, H]; attend(layer, q, k, v) -> [T, heads * D]
-Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-Forward = Callable[[torch.Tensor, torch.Tensor, Attend], torch.Tensor]
-Store = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]  # (layer, k, v, slots): into the KV pool
+Attend = Callable[[int, torch.Tensor], torch.Tensor]  # (layer, q [T, heads, D]) -> [T, heads * D]
+Forward = Callable[[torch.Tensor, torch.Tensor, StepAttention], torch.Tensor]  # (ids [T], positions [T], attn)
 AttendInto = Callable[[int, torch.Tensor, torch.Tensor], object]  # (layer, q [n, heads, D], out [n, heads * D])
 
 SMALL_BUCKETS = (16, 32, 64, 128, 256)  # powers of two for short steps
@@ -72,13 +73,13 @@ def bucket_for(buckets: list[int], tokens: int) -> int | None:
 class PiecewiseGraphs:
     """The pieces of `forward` for each bucket of token counts; `run` replays them around eager attention."""
 
-    def __init__(self, forward: Forward, store: Store, scratch_slot: int, max_tokens: int, heads: int,
+    def __init__(self, forward: Forward, pool: KVPool, scratch_slot: int, max_tokens: int, heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device, any_rank: Callable[[bool], bool] = bool):
-        """`store` writes k/v into the KV pool (captured); `scratch_slot` is a pool slot nobody reads, where
+        """`pool` gets the k/v (stored by the captured rope); `scratch_slot` is a pool slot nobody reads, where
         padding rows store theirs; `any_rank(flag)`: whether any tensor-parallel rank says so (every rank
         must keep the same buckets)."""
         self.buckets = token_buckets(max_tokens)
-        self.max_tokens, self.store, self.scratch_slot = self.buckets[-1], store, scratch_slot
+        self.max_tokens, self.pool, self.scratch_slot = self.buckets[-1], pool, scratch_slot
         self.ids = torch.zeros(self.max_tokens, dtype=torch.int64, device=device)
         self.positions = torch.zeros(self.max_tokens, dtype=torch.int64, device=device)
         self.slots = torch.full((self.max_tokens,), scratch_slot, dtype=torch.int64, device=device)
@@ -108,12 +109,12 @@ class PiecewiseGraphs:
         kept, self.timings = [], []
         for tokens in self.buckets:
             ids, positions = self.ids[:tokens], self.positions[:tokens]
-            forward(ids, positions, self._eager_split(tokens))
+            forward(ids, positions, self._step_attention(tokens, self._eager_split(tokens)))
             torch.cuda.synchronize(device)
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()
             start = time.perf_counter()
-            forward(ids, positions, self._eager_split(tokens))
+            forward(ids, positions, self._step_attention(tokens, self._eager_split(tokens)))
             host_ms = 1000 * (time.perf_counter() - start)
             end.record()
             end.synchronize()
@@ -124,11 +125,14 @@ class PiecewiseGraphs:
                 break
         return kept
 
+    def _step_attention(self, tokens: int, split: Attend) -> StepAttention:
+        """The model's view of attention in a piece: k/v to the static slots, `split` at each attention call."""
+        return StepAttention(self.pool, self.slots[:tokens], split)
+
     def _eager_split(self, tokens: int) -> Attend:
-        """What a piece does at each attention call: k/v into the pool at the static slots, q into its static
+        """What a piece does at each attention call (its k/v are in the pool already): q into its static
         buffer; the static output, which the next piece reads (attention itself runs between replays)."""
-        def split(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            self.store(layer, k, v, self.slots[:tokens])
+        def split(layer: int, q: torch.Tensor) -> torch.Tensor:
             self.q[:tokens].copy_(q)
             return self.attn_out[:tokens]
         return split
@@ -139,8 +143,8 @@ class PiecewiseGraphs:
         layers: list[int] = []
         eager = self._eager_split(tokens)
 
-        def split(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            out = eager(layer, q, k, v)
+        def split(layer: int, q: torch.Tensor) -> torch.Tensor:
+            out = eager(layer, q)
             layers.append(layer)
             current[0].capture_end()
             pieces.append(current[0])
@@ -150,7 +154,7 @@ class PiecewiseGraphs:
         ids, positions = self.ids[:tokens], self.positions[:tokens]
         current = [_begin(pool)]
         try:
-            hidden = forward(ids, positions, split)
+            hidden = forward(ids, positions, self._step_attention(tokens, split))
             current[0].capture_end()
         except BaseException:
             _abandon(current[0])

@@ -106,16 +106,18 @@ def _split_chunk(seq_len, num_splits, BLOCK_N: tl.constexpr):
 
 @triton.jit(do_not_specialize=["rows_ptr", "seq_lens_ptr"])
 def _decode_split_kernel(q_ptr, k_ptr, v_ptr, page_table_ptr, rows_ptr, seq_lens_ptr, out_ptr, part_out_ptr,
-                         part_lse_ptr, stride_qt, stride_qh, stride_slot, stride_kh, stride_pt, stride_ot, stride_oh,
-                         qk_scale, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                         SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_D: tl.constexpr, COMPUTE: tl.constexpr, PDL: tl.constexpr):
+                         part_lse_ptr, counter_ptr, stride_qt, stride_qh, stride_slot, stride_kh, stride_pt,
+                         stride_ot, stride_oh, qk_scale, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         PAGE_SIZE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, COMPUTE: tl.constexpr, PDL: tl.constexpr):
     """Program (request, KV head, split): the GROUP query heads of one KV head over one key range.
     Without SPLIT (one split) the result is final; else the normalised partial output and its log2-sum-exp
-    go to scratch [B, heads, splits, (D)] for the reduce kernel. The split count is the grid's third size,
-    not a compile-time constant: a mixed step's decode rows come in any number, and each count compiled
-    as its own variant stalled the first step that met it (see `decode_attention`)."""
-    if PDL and not SPLIT:  # the o projection's GEMV (a programmatic dependent) may launch now
+    go to scratch [B, heads, splits, (D)], and the last of the (request, KV head)'s non-empty splits to arrive
+    (counter_ptr [B, kv_heads], zeros, which it resets) weighs them into the output: no second launch, which a
+    batch-1 decode step would pay in every layer. The split count is the grid's third size, not a compile-time
+    constant: a mixed step's decode rows come in any number, and each count compiled as its own variant
+    stalled the first step that met it (see `decode_attention`)."""
+    if PDL:  # the o projection's GEMV (a programmatic dependent) may launch now; it waits for this grid to end
         tl.extra.cuda.gdc_launch_dependents()
     req, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + req)
@@ -145,36 +147,40 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, page_table_ptr, rows_ptr, seq_lens
 
     acc = acc / l_i[:, None]
     mask = mask_h[:, None] & mask_d[None, :]
+    out_ptrs = out_ptr + req * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     if not SPLIT:
-        tl.store(out_ptr + req * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
-                 acc.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
     else:
-        lse_offsets = (req * tl.num_programs(1) * GROUP + heads) * num_splits + split
-        tl.store(part_lse_ptr + lse_offsets, m_i + tl.log2(l_i), mask=mask_h)
-        tl.store(part_out_ptr + lse_offsets[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=mask)
+        base = (req * tl.num_programs(1) * GROUP + heads) * num_splits  # [BLOCK_H]: split 0 of each head
+        tl.store(part_lse_ptr + base + split, m_i + tl.log2(l_i), mask=mask_h)
+        tl.store(part_out_ptr + (base + split)[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=mask)
+        tl.debug_barrier()  # every thread's partial is written before the (one-thread) release below
+        counter = counter_ptr + req * tl.num_programs(1) + kv_head
+        arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        used = tl.cdiv(seq_len, chunk)
+        if arrived == used - 1:
+            _reduce_splits(part_out_ptr, part_lse_ptr, base, used, out_ptrs, mask, mask_h, offs_d, HEAD_DIM,
+                           BLOCK_H, BLOCK_S, BLOCK_D)
+            tl.store(counter, 0)
 
 
-@triton.jit(do_not_specialize=["seq_lens_ptr", "num_splits"])
-def _decode_reduce_kernel(seq_lens_ptr, part_out_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh, num_splits,
-                          HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
-    """Program (request, query head): weight each non-empty split by its share of the softmax mass."""
-    if PDL:  # the o projection's GEMV (a programmatic dependent) may launch now
-        tl.extra.cuda.gdc_launch_dependents()
-    req, head = tl.program_id(0), tl.program_id(1)
-    seq_len = tl.load(seq_lens_ptr + req)
-    used = tl.cdiv(seq_len, _split_chunk(seq_len, num_splits, BLOCK_N))
+@triton.jit
+def _reduce_splits(part_out_ptr, part_lse_ptr, base, used, out_ptrs, mask, mask_h, offs_d, HEAD_DIM: tl.constexpr,
+                   BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Weigh the `used` splits' partial outputs of the heads at `base` by their shares of the softmax mass.
+    The loads bypass L1 (.cg): the other splits' programs wrote them, on other SMs."""
     offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_s, mask_d = offs_s < used, offs_d < HEAD_DIM
-    base = (req * tl.num_programs(1) + head) * num_splits
-    lse = tl.load(part_lse_ptr + base + offs_s, mask=mask_s, other=float("-inf"))
-    weights = tl.exp2(lse - tl.max(lse, 0))
-    weights = weights / tl.sum(weights, 0)
-    parts = tl.load(part_out_ptr + (base + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
-                    mask=mask_s[:, None] & mask_d[None, :], other=0.0)
-    out = tl.sum(parts * weights[:, None], 0)
-    tl.store(out_ptr + req * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=mask_d)
+    lse = tl.load(part_lse_ptr + base[:, None] + offs_s[None, :], mask=mask_h[:, None] & (offs_s[None, :] < used),
+                  other=float("-inf"), cache_modifier=".cg")
+    lse = tl.where(mask_h[:, None], lse, 0.0)  # padding heads: no -inf rows (NaN); their output is masked
+    weights = tl.exp2(lse - tl.max(lse, 1)[:, None])
+    weights = weights / tl.sum(weights, 1)[:, None]
+    out = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    for s in range(0, used):
+        part = tl.load(part_out_ptr + (base + s)[:, None] * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0,
+                       cache_modifier=".cg")
+        out += part * tl.sum(tl.where(offs_s[None, :] == s, weights, 0.0), 1)[:, None]
+    tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["rows_ptr", "kv_lens_ptr", "extend_lens_ptr", "q_starts_ptr"])
@@ -245,29 +251,25 @@ def _compute_dtype(q: torch.Tensor, k_cache: torch.Tensor) -> tl.dtype:
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                      rows: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor, part_out: torch.Tensor | None,
-                     part_lse: torch.Tensor | None, page_size: int, num_splits: int, config: KernelConfig) -> None:
+                     part_lse: torch.Tensor | None, counter: torch.Tensor | None, page_size: int, num_splits: int,
+                     config: KernelConfig) -> None:
     """One query token per request: q [B, heads, D] over k/v_cache [slots, kv_heads, D] -> out [B, heads, D].
-    With num_splits > 1, part_out [B, heads, num_splits, D] and part_lse [B, heads, num_splits] (fp32).
-    Any split count runs the same two compiled variants (one split or several; the reduce's lanes cover
-    max_splits): the decode graphs compile them, and no batch size met later compiles another."""
+    With num_splits > 1, part_out [B, heads, num_splits, D] and part_lse [B, heads, num_splits] (fp32), and
+    counter [B, kv_heads] (int32 zeros; left zeros, so every layer of a step can share it). Any split count
+    runs the same two compiled variants (one split or several; the reduce's lanes cover max_splits): the decode
+    graphs compile them, and no batch size met later compiles another."""
     batch, heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     group = heads // kv_heads
-    block_d = _block_d(head_dim)
     _decode_split_kernel[(batch, kv_heads, num_splits)](
-        q, k_cache, v_cache, page_table, rows, seq_lens, out, part_out, part_lse,
+        q, k_cache, v_cache, page_table, rows, seq_lens, out, part_out, part_lse, counter,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), page_table.stride(0),
         out.stride(0), out.stride(1), _qk_scale(head_dim),
         GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, SPLIT=num_splits > 1,
-        BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=config.decode_block_n, BLOCK_D=block_d,
+        BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=config.decode_block_n,
+        BLOCK_S=triton.next_power_of_2(max(num_splits, config.max_splits)), BLOCK_D=_block_d(head_dim),
         COMPUTE=_compute_dtype(q, k_cache), PDL=use_pdl(q.device), num_warps=config.decode_warps,
         num_stages=config.decode_stages)
-    if num_splits > 1:
-        _decode_reduce_kernel[(batch, heads)](
-            seq_lens, part_out, part_lse, out, out.stride(0), out.stride(1), num_splits,
-            HEAD_DIM=head_dim, BLOCK_N=config.decode_block_n,
-            BLOCK_S=triton.next_power_of_2(max(num_splits, config.max_splits)), BLOCK_D=block_d,
-            PDL=use_pdl(q.device), num_warps=4)
 
 
 def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,

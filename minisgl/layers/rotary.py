@@ -1,4 +1,5 @@
-"""Rotary position embedding (rotate-half layout), with Llama-3 frequency scaling."""
+"""Rotary position embedding (rotate-half layout), with Llama-3 frequency scaling; it also writes each
+layer's new K/V into the KV pool (on a GPU in the same kernel: see minisgl/kernels/rotary.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import torch
 from torch import nn
 
 from minisgl.kernels import TRITON_AVAILABLE, use_triton
+from minisgl.kvcache.pool import KVPool
 from minisgl.layers.norm import RMSNorm
 
 if TRITON_AVAILABLE:
-    from minisgl.kernels.rotary import qk_norm_rope
+    from minisgl.kernels.rotary import qk_norm_rope_store
 
 QK = tuple[torch.Tensor, torch.Tensor]
 
@@ -41,17 +43,23 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None) -> QK:
-        """q: [T, heads, head_dim], k: [T, kv_heads, head_dim], positions: [T]. With q_norm and k_norm
-        (Qwen3), each head is RMS-normalised before the rotation. On a GPU one Triton kernel does all
-        of it for every head of a token; elsewhere `forward_torch`, which is also the kernel's reference."""
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: KVPool,
+                layer: int, slots: torch.Tensor, q_norm: RMSNorm | None = None,
+                k_norm: RMSNorm | None = None) -> torch.Tensor:
+        """q: [T, heads, head_dim], k and v: [T, kv_heads, head_dim], positions and slots: [T] -> the rotated
+        q; the rotated k and v go to `pool`'s `layer` at `slots`. With q_norm and k_norm (Qwen3), each head
+        is RMS-normalised before the rotation. On a GPU one Triton kernel does all of it for every head of a
+        token; elsewhere `forward_torch` and `KVPool.store`, which are also the kernel's reference."""
         if not use_triton(q):
-            return self.forward_torch(positions, q, k, q_norm, k_norm)
+            q, k = self.forward_torch(positions, q, k, q_norm, k_norm)
+            pool.store(layer, slots, k, v)
+            return q
+        caches = pool.k[layer], pool.v[layer]
         if q_norm is None:
-            return qk_norm_rope(q, k, positions, self.cos, self.sin)
+            return qk_norm_rope_store(q, k, v, positions, self.cos, self.sin, *caches, slots)
         assert q_norm.eps == k_norm.eps, "the fused kernel takes one eps for both norms"
-        return qk_norm_rope(q, k, positions, self.cos, self.sin, q_norm.weight, k_norm.weight, q_norm.eps)
+        return qk_norm_rope_store(q, k, v, positions, self.cos, self.sin, *caches, slots, q_norm.weight,
+                                  k_norm.weight, q_norm.eps)
 
     def forward_torch(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                       q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None) -> QK:

@@ -8,11 +8,11 @@ Parameter names mirror the Hugging Face checkpoints, with q/k/v and gate/up merg
 from __future__ import annotations
 
 import re
-from typing import Callable
 
 import torch
 from torch import nn
 
+from minisgl.attention.base import StepAttention
 from minisgl.distributed import TPGroup
 from minisgl.layers import (
     ColumnParallelLinear,
@@ -26,9 +26,6 @@ from minisgl.layers import (
 from minisgl.layers.moe import SparseMoE
 from minisgl.models.config import ModelConfig
 from minisgl.quantization import Fp8Config
-
-# attend(layer_id, q [T, heads, D], k [T, kv_heads, D], v) -> [T, heads * D]; stores k/v in the KV pool.
-Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class Attention(nn.Module):
@@ -44,12 +41,13 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
         self.heads, self.kv_heads, self.head_dim = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, d
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, attend: Attend):
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, attn: StepAttention):
         t, d = x.shape[0], self.head_dim
         q, k, v = self.qkv_proj(x).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
         q, k, v = q.view(t, self.heads, d), k.view(t, self.kv_heads, d), v.view(t, self.kv_heads, d)
-        q, k = rope(positions, q, k, self.q_norm, self.k_norm)  # Qwen3's per-head q/k norm (if any), then rope
-        return self.o_proj(attend(self.layer_id, q, k, v))
+        # Qwen3's per-head q/k norm (if any), then rope; k and v go into the KV pool in the same kernel.
+        q = rope(positions, q, k, v, attn.pool, self.layer_id, attn.slots, self.q_norm, self.k_norm)
+        return self.o_proj(attn.attend(self.layer_id, q))
 
 
 class MLP(nn.Module):
@@ -77,12 +75,12 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, residual, positions, rope, attend):
+    def forward(self, x, residual, positions, rope, attn):
         if residual is None:
             x, residual = self.input_layernorm(x), x
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, positions, rope, attend)
+        x = self.self_attn(x, positions, rope, attn)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
@@ -96,10 +94,10 @@ class DecoderModel(nn.Module):
         self.rope = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta,
                                     config.rope_scaling)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: StepAttention) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            x, residual = layer(x, residual, positions, self.rope, attend)
+            x, residual = layer(x, residual, positions, self.rope, attn)
         x, _ = self.norm(x, residual)
         return x
 
@@ -126,8 +124,8 @@ class CausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
-        return self.model(input_ids, positions, attend)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: StepAttention) -> torch.Tensor:
+        return self.model(input_ids, positions, attn)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)

@@ -61,7 +61,7 @@ def test_store_with_padding_rows_then_attend_into_a_buffer_equals_forward(backen
     pad, scratch = 5, pool.scratch_page * pool.page_size
     slots = torch.cat([case.batch.out_slots, torch.full((pad,), scratch)])
     stale = [torch.cat([t, torch.randn(pad, *t.shape[1:])]) for t in (case.k, case.v)]
-    backend.store(LAYER, *stale, slots)
+    pool.store(LAYER, slots, *stale)  # as the piece's rope does
     out = torch.full((case.q.shape[0] + pad, want.shape[1]), float("nan"))
     returned = backend.attend(LAYER, case.q, backend.prepare(case.batch), out[: case.q.shape[0]])
     assert returned.data_ptr() == out.data_ptr()

@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 from kernels.test_fused_moe import TOL, make_experts, make_tokens
+from kernels.test_rope_store import RopeStoreCase
 from kernels.test_triton_attention import (
     DECODE_KV,
     LAYER,
@@ -65,8 +66,7 @@ def test_any_decode_batch_size_reuses_the_compiled_decode_kernels():
 
     def compiled() -> int:
         device = torch.cuda.current_device()
-        return sum(len(kernel.device_caches[device][0])
-                   for kernel in (attention._decode_split_kernel, attention._decode_reduce_kernel))
+        return len(attention._decode_split_kernel.device_caches[device][0])
 
     def check(batch: int) -> None:
         # One row of 2,000 tokens in each: the page table's width (a stride Triton specializes) stays the engine's
@@ -93,12 +93,16 @@ def test_attention_decode_replays_in_cuda_graph(cache):
     static = first.batch
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
+    def layer() -> torch.Tensor:  # the new K/V into the pool (the model's rope does it), then attention
+        first.pool.store(LAYER, static.out_slots, first.k, first.v)
+        return backend.attend(LAYER, first.q, backend.prepare(static))
+
     with torch.cuda.stream(stream):  # warm-up compiles the kernels outside the capture
-        backend.forward(LAYER, first.q, first.k, first.v, backend.prepare(static))
+        layer()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = backend.forward(LAYER, first.q, first.k, first.v, backend.prepare(static))
+        out = layer()
     for case in (first, second):
         first.pool.k.copy_(case.pool.k)
         first.pool.v.copy_(case.pool.v)
@@ -110,6 +114,33 @@ def test_attention_decode_replays_in_cuda_graph(cache):
         graph.replay()
         expected, _ = case.run(TorchBackend)
         torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("cache", list(CACHE_DTYPES))
+def test_rope_store_full_size_replays_in_cuda_graph(cache):
+    """qwen3-8b's attention heads (32 q, 8 KV, head_dim 128, q/k norm) in bf16, a decode batch of 61 plus 3
+    padding rows on the scratch page: the rope kernel that stores K/V against its torch reference, eagerly,
+    then captured once and replayed with another batch's q/k/v, positions, slots, norms and pool."""
+    kw = dict(cache_dtype=CACHE_DTYPES[cache], page_size=16, padded=3, qk_norm=True)
+    first, second = (RopeStoreCase(61, 128, 32, 8, torch.bfloat16, seed=seed, **kw) for seed in (1, 2))
+    first.check()
+    pool = first.fresh_pool()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up compiles the kernel outside the capture
+        first.run_kernel(pool)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        q = first.run_kernel(pool)
+    for case in (second, first):
+        for dst, src in ((first.qkv, case.qkv), (first.positions, case.positions), (first.slots, case.slots),
+                         (pool.k, case.pool.k), (pool.v, case.pool.v)):
+            dst.copy_(src)
+        for dst, src in zip(first.norms, case.norms):
+            dst.weight.data.copy_(src.weight)
+        graph.replay()
+        case.verify(q, pool)
 
 
 def test_fused_moe_replays_in_cuda_graph():

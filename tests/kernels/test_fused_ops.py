@@ -1,4 +1,4 @@
-"""The fused Triton kernels (RMSNorm, add + RMSNorm, q/k-norm + rope, SiLU-and-mul) against the torch
+"""The fused Triton kernels (RMSNorm, add + RMSNorm, SiLU-and-mul; rope: test_rope_store.py) against the torch
 code of the layers (`forward_torch`, `silu_and_mul_torch`), which is their reference and the CPU path;
 the fused sampling kernel against `Sampler.sample`.
 
@@ -16,13 +16,14 @@ import torch
 import torch.nn.functional as F
 from helpers import DEVICE
 
+from minisgl.attention.base import StepAttention
 from minisgl.core import SamplingParams
 from minisgl.distributed import TPGroup
 from minisgl.engine.sampler import Sampler
 from minisgl.kernels.activation import silu_and_mul
 from minisgl.kernels.norm import add_rms_norm, rms_norm
-from minisgl.kernels.rotary import qk_norm_rope
 from minisgl.kernels.sampling import sample_exponential_race
+from minisgl.kvcache.pool import KVPool
 from minisgl.layers import activation as activation_layer
 from minisgl.layers import norm as norm_layer
 from minisgl.layers import rotary as rotary_layer
@@ -96,48 +97,6 @@ def test_rms_norm_strided_rows() -> None:
     assert_close(rms_norm(heads, norm.weight, norm.eps), norm.forward_torch(heads))
 
 
-# (head_dim, q heads, kv heads): MHA, and GQA at 2:1 and 4:1 with a q head count that is no power of two.
-HEAD_SHAPES = [(16, 4, 4), (64, 12, 3), (128, 16, 8)]
-
-
-@pytest.mark.parametrize("qk_norm", [False, True], ids=["rope", "norm+rope"])
-@pytest.mark.parametrize("head_dim,heads,kv_heads", HEAD_SHAPES)
-@pytest.mark.parametrize("tokens,dtype", TOKENS_DTYPES, ids=TOKENS_DTYPES_IDS)
-def test_qk_norm_rope(tokens: int, head_dim: int, heads: int, kv_heads: int, qk_norm: bool,
-                      dtype: torch.dtype) -> None:
-    """q and k are views of one fused qkv output, as in the decoder; positions are random, unsorted
-    and repeated, and reach far into the table."""
-    torch.manual_seed(tokens * head_dim + heads)
-    rope = RotaryEmbedding(head_dim, max_positions=4096, theta=1e6, scaling=None).to(DEVICE)
-    qkv = randn(tokens, (heads + 2 * kv_heads) * head_dim, dtype=dtype, scale=2.0)
-    q, k, _ = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-    q, k = q.view(tokens, heads, head_dim), k.view(tokens, kv_heads, head_dim)
-    positions = torch.randint(0, 4096, (tokens,), device=DEVICE)
-    norms = (make_norm(head_dim, dtype), make_norm(head_dim, dtype)) if qk_norm else (None, None)
-    weights = [n.weight for n in norms] if qk_norm else [None, None]
-    qkv_before = qkv.clone()
-    q_out, k_out = qk_norm_rope(q, k, positions, rope.cos, rope.sin, *weights, eps=0.05)
-    q_ref, k_ref = rope.forward_torch(positions, q, k, *norms)
-    assert_close(q_out, q_ref)
-    assert_close(k_out, k_ref)
-    assert torch.equal(qkv, qkv_before)
-
-
-def test_rope_llama3_table() -> None:
-    """Llama-3 scaling only changes the table; the kernel reads whatever table it is given."""
-    torch.manual_seed(0)
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 256}
-    rope = RotaryEmbedding(64, max_positions=2048, theta=5e5, scaling=scaling).to(DEVICE)
-    q, k = randn(9, 4, 64, dtype=torch.float32), randn(9, 2, 64, dtype=torch.float32)
-    positions = torch.tensor([2047, 0, 300, 255, 256, 1000, 5, 5, 1500], device=DEVICE).repeat_interleave(2)[::2]
-    assert positions.stride(0) == 2
-    q_out, k_out = qk_norm_rope(q, k, positions, rope.cos, rope.sin)
-    q_ref, k_ref = rope.forward_torch(positions, q, k)
-    assert_close(q_out, q_ref)
-    assert_close(k_out, k_ref)
-
-
 @pytest.mark.parametrize("intermediate", [48, 1024, 1536])
 @pytest.mark.parametrize("tokens,dtype", TOKENS_DTYPES, ids=TOKENS_DTYPES_IDS)
 def test_silu_and_mul(tokens: int, intermediate: int, dtype: torch.dtype) -> None:
@@ -153,10 +112,6 @@ def test_empty_batch() -> None:
     assert rms_norm(x, weight, 1e-6).shape == (0, 48)
     assert [t.shape for t in add_rms_norm(x, x, weight, 1e-6)] == [(0, 48), (0, 48)]
     assert silu_and_mul(torch.empty(0, 96, device=DEVICE)).shape == (0, 48)
-    rope = RotaryEmbedding(16, 32, 1e4, None)
-    q, k = qk_norm_rope(torch.empty(0, 4, 16, device=DEVICE), torch.empty(0, 2, 16, device=DEVICE),
-                        torch.empty(0, dtype=torch.int64, device=DEVICE), rope.cos.to(DEVICE), rope.sin.to(DEVICE))
-    assert q.shape == (0, 4, 16) and k.shape == (0, 2, 16)
 
 
 def tiny_config(qk_norm: bool) -> ModelConfig:
@@ -167,17 +122,22 @@ def tiny_config(qk_norm: bool) -> ModelConfig:
                        o_proj_bias=False, qk_norm=qk_norm, dtype=torch.float32)
 
 
-def causal_attention(layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True,
-                                         enable_gqa=True)
-    return out.transpose(0, 1).reshape(q.shape[0], -1)
+def causal_attention(pool: KVPool, slots: torch.Tensor) -> StepAttention:
+    """Attention over one sequence whose tokens' K/V the layer stores at `slots`, read back from the pool."""
+    def attend(layer: int, q: torch.Tensor) -> torch.Tensor:
+        k, v = pool.load(layer, slots, q.dtype)
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True,
+                                             enable_gqa=True)
+        return out.transpose(0, 1).reshape(q.shape[0], -1)
+    return StepAttention(pool, slots, attend)
 
 
 @pytest.mark.parametrize("qk_norm", [False, True], ids=["llama", "qwen3"])
 def test_decoder_layer_uses_kernels(qk_norm: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """A whole decoder layer with its layers routed to the kernels equals the same layer routed to the
     torch path (both forced, on the test device): the kernels are wired in with the right arguments,
-    views and return values, for the first layer (no residual yet) and for a later one."""
+    views and return values, for the first layer (no residual yet) and for a later one; k and v reach the
+    pool at the step's slots (attention reads them back from there)."""
     torch.manual_seed(0)
     config = tiny_config(qk_norm)
     layer = DecoderLayer(config, 0, TPGroup()).to(DEVICE)
@@ -187,15 +147,20 @@ def test_decoder_layer_uses_kernels(qk_norm: bool, monkeypatch: pytest.MonkeyPat
     rope = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta, None).to(DEVICE)
     x, residual = randn(7, config.hidden_size, dtype=torch.float32), randn(7, config.hidden_size, dtype=torch.float32)
     positions = torch.tensor([3, 4, 5, 6, 7, 8, 9], device=DEVICE)
+    slots = torch.tensor([9, 2, 11, 0, 5, 6, 14], device=DEVICE)
 
     def run(fused: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
         asked = []
         for module in (norm_layer, rotary_layer, activation_layer):
             monkeypatch.setattr(module, "use_triton", lambda tensor: asked.append(tensor) or fused)
+        pool = KVPool(1, 16, 1, config.num_kv_heads, config.head_dim, torch.float32, torch.device(DEVICE))
         with torch.no_grad():
-            outputs = [layer(x, None, positions, rope, causal_attention),
-                       layer(x, residual, positions, rope, causal_attention)]
+            outputs = [layer(x, None, positions, rope, causal_attention(pool, slots)),
+                       layer(x, residual, positions, rope, causal_attention(pool, slots))]
         assert len(asked) == 2 * 4  # two norms, rope and the activation, in each call
+        untouched = torch.ones(pool.k.shape[1], dtype=torch.bool, device=DEVICE)
+        untouched[slots] = False
+        assert not pool.k[:, untouched].any() and not pool.v[:, untouched].any()
         return outputs
 
     for (out, res), (expected_out, expected_res) in zip(run(fused=True), run(fused=False)):

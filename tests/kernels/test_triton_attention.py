@@ -20,8 +20,7 @@ from minisgl.attention.base import ForwardInput
 from minisgl.attention.torch_backend import TorchBackend
 from minisgl.attention.triton_backend import DecodeMeta, ExtendMeta, MixedMeta, TritonBackend
 from minisgl.kernels.attention import KernelConfig, num_decode_splits
-from minisgl.kernels.kv_store import store_kv
-from minisgl.kvcache.pool import KVPool, to_cache_dtype
+from minisgl.kvcache.pool import KVPool
 
 ON_GPU = DEVICE == "cuda"
 LAYER = 1  # of 2: the kernels must see the layer's own slice of the pool
@@ -40,11 +39,6 @@ def as_bytes(x: torch.Tensor) -> torch.Tensor:
     store writes a negative value that rounds to zero as +0, the same number."""
     raw = x.view(torch.uint8)
     return raw.masked_fill(raw == 0x80, 0) if x.dtype == FP8 else raw
-
-
-def stored_bytes(cache: torch.Tensor, slots: torch.Tensor, layer: int = LAYER) -> torch.Tensor:
-    """A pool's elements at `slots`, as_bytes."""
-    return as_bytes(cache[layer][slots])
 
 
 class Case:
@@ -92,15 +86,17 @@ class Case:
                                   for h in (heads, kv_heads, kv_heads))
 
     def run(self, backend_cls, config: KernelConfig | None = None, **options) -> tuple[torch.Tensor, KVPool]:
-        """Output of one layer's forward, and the pool it wrote into (each backend gets its own copy)."""
+        """Output of one layer's attention, and the pool it read (each backend gets its own copy), into which the
+        new K/V were stored first, as the model's rope does (tests/kernels/test_rope_store.py: the kernel)."""
         pool = copy.copy(self.pool)
         pool.k, pool.v = self.pool.k.clone(), self.pool.v.clone()
+        pool.store(LAYER, self.batch.out_slots, self.k, self.v)
         backend = backend_cls(pool, self.page_table, **({} if config is None else {"config": config}), **options)
-        out = backend.forward(LAYER, self.q, self.k, self.v, backend.prepare(self.batch))
-        return out, pool
+        return backend.attend(LAYER, self.q, backend.prepare(self.batch)), pool
 
     def check(self, config: KernelConfig | None = None, **options) -> None:
-        """The Triton backend (made with `options`) against the torch backend: output and stored K/V."""
+        """The Triton backend (made with `options`) against the torch backend: the output, and the pool left as
+        it was."""
         expected, ref_pool = self.run(TorchBackend)
         got, pool = self.run(TritonBackend, config, **options)
         assert got.shape == expected.shape and got.dtype == self.q.dtype
@@ -108,11 +104,7 @@ class Case:
         real = slice(0, self.num_real)
         torch.testing.assert_close(got[real].float(), expected[real].float(), atol=tol, rtol=tol)
         assert torch.isfinite(got).all()  # padded entries are discarded by the engine, but must not be NaN
-        # The new K/V were stored at out_slots (padding entries collide on the scratch page: skip it).
-        stored = self.batch.out_slots[real]
-        assert torch.equal(stored_bytes(pool.k, stored), as_bytes(to_cache_dtype(self.k[real], pool.k.dtype)))
-        assert torch.equal(stored_bytes(pool.v, stored), as_bytes(to_cache_dtype(self.v[real], pool.v.dtype)))
-        owned = slice(0, pool.scratch_page * pool.page_size)  # both stores agree byte for byte
+        owned = slice(0, pool.scratch_page * pool.page_size)  # padding rows' K/V collide on the scratch page
         assert torch.equal(as_bytes(pool.k[:, owned]), as_bytes(ref_pool.k[:, owned]))
         assert torch.equal(as_bytes(pool.v[:, owned]), as_bytes(ref_pool.v[:, owned]))
 
@@ -148,6 +140,23 @@ def test_decode_matches_torch(heads, kv_heads, page_size, splits):
     """Several splits, including more splits than a short sequence has key blocks (empty splits)."""
     case = Case(DECODE_KV, [1] * len(DECODE_KV), heads, kv_heads, HEAD_DIMS[0], page_size, padded=2, seed=2)
     case.check(KernelConfig(decode_block_n=16, decode_splits=splits))
+
+
+def test_decode_layers_of_a_step_share_the_split_counters():
+    """The last split to arrive reduces and resets its (request, KV head) counter to zero: each layer of a step
+    (one metadata, one scratch) gives the torch reference's output, and the counters end as zeros."""
+    case = Case(DECODE_KV, [1] * len(DECODE_KV), 6, 2, HEAD_DIMS[0], 1, padded=2, seed=4)
+    pool = case.pool
+    for layer in (0, 1):
+        pool.store(layer, case.batch.out_slots, case.k, case.v)
+    triton_backend = TritonBackend(pool, case.page_table, KernelConfig(decode_block_n=16, decode_splits=4))
+    torch_backend = TorchBackend(pool, case.page_table)
+    meta, torch_meta = triton_backend.prepare(case.batch), torch_backend.prepare(case.batch)
+    for layer in (0, 1, 0):
+        got = triton_backend.attend(layer, case.q, meta)[: case.num_real]
+        want = torch_backend.attend(layer, case.q, torch_meta)[: case.num_real]
+        torch.testing.assert_close(got, want, atol=TOLERANCE[torch.float32], rtol=TOLERANCE[torch.float32])
+    assert meta.scratch is not None and not meta.scratch[2].any()
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS[1:] + [24])
@@ -260,50 +269,3 @@ def test_llm_greedy_equals_transformers(tiny_models):
     with make_llm(path, attention_backend="triton", page_size=16, max_prefill_tokens=24) as llm:
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     assert [o.token_ids for o in outs] == hf_greedy(path, prompts, 6)
-
-
-@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.float16])
-def test_store_kv_matches_pool_store(pool_dtype):
-    """The one-launch store writes what KVPool.store writes, from strided views of a QKV output."""
-    gen = torch.Generator().manual_seed(10)
-    tokens, kv_heads, dim = 5, 2, 16
-    qkv = torch.randn(tokens, (4 + 2 * kv_heads) * dim, generator=gen).to(DEVICE)
-    k = qkv[:, 4 * dim: (4 + kv_heads) * dim].view(tokens, kv_heads, dim)  # strided, as the model's views
-    v = qkv[:, (4 + kv_heads) * dim:].view(tokens, kv_heads, dim)
-    slots = torch.tensor([7, 0, 12, 3, 31]).to(DEVICE)
-    ours, ref = (KVPool(2, 8, 4, kv_heads, dim, pool_dtype, torch.device(DEVICE)) for _ in range(2))
-    store_kv(ours.k[1], ours.v[1], slots, k, v)
-    ref.store(1, slots, k, v)
-    assert torch.equal(ours.k, ref.k) and torch.equal(ours.v, ref.v)
-
-
-def fp8_rounding_cases() -> torch.Tensor:
-    """Every finite e4m3 value, each midpoint between neighbours (a tie: rounds to the even one), values
-    around the subnormals, past +-448 (saturate) and the infinities, in rows of 16."""
-    finite = torch.arange(256, dtype=torch.uint8).view(FP8).float()
-    finite = finite[finite.isfinite()].sort().values
-    ties = (finite[1:] + finite[:-1]) / 2
-    gen = torch.Generator().manual_seed(15)
-    spread = torch.randn(1000, generator=gen) * torch.exp2(torch.randint(-14, 12, (1000,), generator=gen).float())
-    edges = torch.tensor([449.0, 463.9, 464.0, 500.0, 1e6, float("inf"), 2.0**-10, 2.0**-9 * 1.5, 1e-30, -0.0])
-    values = torch.cat([finite, ties, spread, edges, -edges])
-    return values[: values.numel() // 16 * 16].view(-1, 1, 16)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_fp8_store_equals_torch_cast(dtype):
-    """Both stores (the Triton kernel, KVPool.store) write x.to(float8_e4m3fn) byte for byte from fp32, bf16
-    and fp16, except that anything past +-448 (infinities included) saturates to +-448 (torch's CUDA cast
-    overflows to NaN instead)."""
-    x = fp8_rounding_cases().to(DEVICE, dtype)
-    slots = torch.randperm(x.shape[0]).to(DEVICE)
-    kernel, ref = (KVPool(1, x.shape[0], 1, 1, 16, dtype, torch.device(DEVICE), FP8) for _ in range(2))
-    store_kv(kernel.k[0], kernel.v[0], slots, x, -x)
-    ref.store(0, slots, x, -x)
-    for pool in (kernel, ref):
-        saturated = x.float().clamp(-448, 448)
-        assert torch.equal(stored_bytes(pool.k, slots, 0), as_bytes(saturated.to(FP8)))
-        assert torch.equal(stored_bytes(pool.v, slots, 0), as_bytes((-saturated).to(FP8)))
-        big = x.float().abs() >= 448
-        k, v = pool.load(0, slots, torch.float32)
-        assert big.sum() >= 10 and k.abs()[big].unique().tolist() == v.abs()[big].unique().tolist() == [448.0]
