@@ -5,7 +5,7 @@
 Each op is timed as the engine runs it under CUDA graphs: a graph of `--calls` back-to-back calls is
 captured and replayed, and the time per call is the replay time divided by the calls, so CPU launch
 overhead is excluded and the GPU's per-kernel cost is included. The `layer x N` row adds one layer's
-ops (two add+RMSNorm, one q/k-norm+rope, one SiLU-and-mul) and multiplies by the model's layer count:
+ops (two add+RMSNorm, one q/k-norm+rope with the K/V store, one SiLU-and-mul) and multiplies by the model's layer count:
 what these ops cost per forward step. At decode sizes, `sampling` compares `Sampler.sample` on
 temperature-only rows with the fused exponential race (tokens = batch rows). Prints one table.
 """
@@ -22,8 +22,9 @@ from minisgl.core import SamplingParams
 from minisgl.engine.sampler import Sampler
 from minisgl.kernels.activation import silu_and_mul
 from minisgl.kernels.norm import add_rms_norm
-from minisgl.kernels.rotary import qk_norm_rope
+from minisgl.kernels.rotary import qk_norm_rope_store
 from minisgl.kernels.sampling import sample_exponential_race
+from minisgl.kvcache.pool import KVPool
 from minisgl.layers.activation import silu_and_mul_torch
 from minisgl.layers.norm import RMSNorm
 from minisgl.layers.rotary import RotaryEmbedding
@@ -81,16 +82,23 @@ def op_pairs(dims: Dims, tokens: int) -> dict[str, tuple[Callable[[], object], C
     x = torch.randn(tokens, dims.hidden, device=cuda, dtype=bf16)
     residual = torch.randn_like(x)
     qkv = torch.randn(tokens, (dims.heads + 2 * dims.kv_heads) * d, device=cuda, dtype=bf16)
-    q, k, _ = qkv.split([dims.heads * d, dims.kv_heads * d, dims.kv_heads * d], dim=-1)
-    q, k = q.view(tokens, dims.heads, d), k.view(tokens, dims.kv_heads, d)
+    q, k, v = qkv.split([dims.heads * d, dims.kv_heads * d, dims.kv_heads * d], dim=-1)
+    q, k, v = q.view(tokens, dims.heads, d), k.view(tokens, dims.kv_heads, d), v.view(tokens, dims.kv_heads, d)
     positions = torch.randint(0, 40960, (tokens,), device=cuda)
+    pool = KVPool(1, tokens, 1, dims.kv_heads, d, bf16, cuda)  # one layer, a slot per token
+    slots = torch.randperm(tokens, device=cuda)
+
+    def rope_then_store():
+        q_out, k_out = rope.forward_torch(positions, q, k, q_norm, k_norm)
+        pool.store(0, slots, k_out, v)
+        return q_out
     gate_up = torch.randn(tokens, 2 * dims.intermediate, device=cuda, dtype=bf16)
     return {
         "add+rmsnorm": (lambda: norm.forward_torch(x, residual),
                         lambda: add_rms_norm(x, residual, norm.weight, norm.eps), 2),
-        "qk-norm+rope": (lambda: rope.forward_torch(positions, q, k, q_norm, k_norm),
-                         lambda: qk_norm_rope(q, k, positions, rope.cos, rope.sin, q_norm.weight, k_norm.weight,
-                                              q_norm.eps), 1),
+        "qk-norm+rope+store": (rope_then_store,
+                               lambda: qk_norm_rope_store(q, k, v, positions, rope.cos, rope.sin, pool.k[0], pool.v[0],
+                                                          slots, q_norm.weight, k_norm.weight, q_norm.eps), 1),
         "silu-and-mul": (lambda: silu_and_mul_torch(gate_up), lambda: silu_and_mul(gate_up), 1),
     }
 
