@@ -60,8 +60,8 @@ def test_mixed_attention_bf16_matches_torch(heads, kv_heads, page_size, cache):
 def test_any_decode_batch_size_reuses_the_compiled_decode_kernels():
     """A mixed step's decode rows come in any number, and the split count follows it: after one batch with a
     single split and one with several, decode batches of every size 1-48 (split counts 1-32 on any GPU) give the
-    torch reference without compiling another variant of either kernel (a variant per count stalled the first
-    mixed step that met it for the compile, ~0.3 s, on an H200)."""
+    torch reference without compiling another variant of the decode kernel (which also reduces the splits now; a
+    variant per count stalled the first mixed step that met it for the compile, ~0.5 s, on an H200)."""
     from minisgl.kernels import attention
 
     def compiled() -> int:
