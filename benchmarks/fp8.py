@@ -1,4 +1,6 @@
-"""FP8 weights against bf16 at qwen3-8b's projections (TP 1), each through the engine's own dispatch.
+"""FP8 weights against bf16 at the projections of qwen3-8b and qwen3-30b-a3b (TP 1), each through the engine's own
+dispatch (qwen3-30b-a3b: attention's qkv and o; its MLPs are experts, benchmarks/moe.py). `--models` picks them;
+the tables are rewritten with the rows of the models timed.
 
     python benchmarks/fp8.py                   # us per call: bf16 (gemv or F.linear) vs FP8 (GEMV or GEMM)
     python benchmarks/fp8.py --sweep           # first tune: FP8 GEMV candidates per shape (M = 1 and 8) and
@@ -45,7 +47,7 @@ from pathlib import Path
 import torch
 import triton
 from gemv import ROTATE_BYTES, shapes
-from ops import MODELS, time_per_call
+from ops import MODELS, Dims, time_per_call
 from triton.runtime.errors import OutOfResources
 
 import minisgl.kernels
@@ -65,6 +67,18 @@ ROWS = (1, 8, 16, 64, 128, 256, 1024, 4096)
 SWEEP_GEMV_M = (1, 8)
 SWEEP_GEMM_M = (128, 256, 4096)  # table rows: each serves the batches up to it (the last, all above)
 CUBLAS_M = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# model -> (dims, its dense FP8 projections); from the models' config.json files
+FP8_MODELS = {
+    "qwen3-8b": (MODELS["qwen3-8b"], ("qkv", "o", "gate_up", "down")),
+    "qwen3-30b-a3b": (Dims(hidden=2048, intermediate=768, heads=32, kv_heads=4, head_dim=128, layers=48,
+                           vocab=151936), ("qkv", "o")),
+}
+
+
+def projections(model: str) -> dict[str, tuple[int, int]]:
+    """The model's dense FP8 projections -> (N, K) at TP 1 (the LM head stays bf16 in FP8 checkpoints)."""
+    dims, names = FP8_MODELS[model]
+    return {name: nk for name, nk in shapes(dims, 1).items() if name in names}
 
 
 def rotated(weight: torch.Tensor) -> tuple[itertools.cycle, int]:
@@ -158,16 +172,17 @@ def cublas_min_m(times: dict[int, tuple[float, float, float]]) -> int | None:
     return found
 
 
-def cublas(dims, gen: torch.Generator, replays: int, write: bool) -> None:
-    """us per call of the Triton FP8 GEMM, cuBLAS's FP8 GEMM and bf16 at prefill-sized batches (module docstring)."""
+def cublas(model: str, gen: torch.Generator, replays: int) -> list[str]:
+    """us per call of the Triton FP8 GEMM, cuBLAS's FP8 GEMM and bf16 at prefill-sized batches (module docstring);
+    the model's rows of CUBLAS_FP8_MIN_M."""
     device = torch.cuda.get_device_name()
     cuda = torch.device("cuda", torch.cuda.current_device())
     reason = fp8_cublas.unavailable(cuda, torch.bfloat16)
     assert reason is None, f"cuBLAS's block-scaled FP8 GEMM cannot run here: {reason}"
-    layers = {layer: nk for layer, nk in shapes(dims, 1).items() if layer != "lm_head"}
+    dims, layers = FP8_MODELS[model][0], projections(model)
     xs = {m: torch.randn(m, max(k for _, k in layers.values()), device="cuda", generator=gen).bfloat16()
           for m in CUBLAS_M}
-    print(f"{device}, qwen3-8b TP 1, us per call (CUDA graph replay, weights from HBM), FP8 with its quantization")
+    print(f"{device}, {model} TP 1, us per call (CUDA graph replay, weights from HBM), FP8 with its quantization")
     step = {m: [0.0, 0.0, 0.0] for m in CUBLAS_M}  # bf16, Triton FP8, cuBLAS FP8
     rows = []
     for layer, (n, k) in layers.items():
@@ -188,18 +203,17 @@ def cublas(dims, gen: torch.Generator, replays: int, write: bool) -> None:
             print(f"{layer:<8} {n:>6} {k:>6} M={m:<5} bf16 {t_bf16:>8.1f}  triton {t_triton:>8.1f}  cublas "
                   f"{t_cublas:>8.1f}  cublas/triton {t_cublas / t_triton:.2f}  cublas/bf16 {t_cublas / t_bf16:.2f}",
                   flush=True)
-        rows.append(f"    # {device.removeprefix('NVIDIA ')} {layer}, cuBLAS/Triton/bf16 us at M " + ", ".join(
+        rows.append(f"    # {device.removeprefix('NVIDIA ')} {model} {layer}, us at M " + ", ".join(
             f"{m}: {times[m][2]:.0f}/{times[m][1]:.0f}/{times[m][0]:.0f}" for m in (128, 256, 1024, 4096))
             + f"\n    ({n}, {k}): {cublas_min_m(times)},")
         print(rows[-1], flush=True)
-    if write:
-        rewrite_table(Path(fp8_cublas.__file__), "CUBLAS_FP8_MIN_M", rows)
-        print(f"rewrote CUBLAS_FP8_MIN_M in {fp8_cublas.__file__}")
-    print(f"\n{device}: prefill step = 4 projections x {dims.layers} layers, ms (FP8 with its quantization)")
+    print(f"\n{device}: {model} prefill step = {len(layers)} projections x {dims.layers} layers, ms (FP8 with its "
+          "quantization)")
     print("| M | bf16 | FP8 Triton | FP8 cuBLAS | cuBLAS / Triton | cuBLAS / bf16 |\n|---|---|---|---|---|---|")
     for m, (t_bf16, t_triton, t_cublas) in step.items():
         print(f"| {m} | {t_bf16 / 1e3:.2f} | {t_triton / 1e3:.2f} | {t_cublas / 1e3:.2f} | {t_cublas / t_triton:.2f}x "
               f"| {t_cublas / t_bf16:.2f}x |")
+    return rows
 
 
 def rewrite_table(path: Path, name: str, rows: list[str]) -> None:
@@ -210,29 +224,14 @@ def rewrite_table(path: Path, name: str, rows: list[str]) -> None:
     path.write_text(pattern.sub(lambda match: match.group(1) + "{\n" + "\n".join(rows) + "\n}", source, count=1))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sweep", action="store_true")
-    parser.add_argument("--write", action="store_true", help="with --sweep or --cublas: rewrite its tables")
-    parser.add_argument("--replays", type=int, default=10)
-    parser.add_argument("--sweep-replays", type=int, default=2)
-    parser.add_argument("--rows", type=int, nargs="+", default=ROWS, help="batch sizes timed per projection")
-    parser.add_argument("--chain", action="store_true", help="only the decode-step chain (see above)")
-    parser.add_argument("--cublas", action="store_true", help="only Triton vs cuBLAS FP8 GEMMs (see above)")
-    args = parser.parse_args()
-    dims = MODELS["qwen3-8b"]
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    if args.chain:
-        with torch.inference_mode():
-            chain(dims, gen, args.replays)
-        return
-    if args.cublas:
-        with torch.inference_mode():
-            cublas(dims, gen, args.replays, args.write)
-        return
+def projection_tables(model: str, args: argparse.Namespace, gen: torch.Generator
+                      ) -> tuple[list[str], list[str], list[str]]:
+    """With --sweep, tune the model's FP8 GEMV and GEMM rows (into the tables in memory); then time each projection
+    at each of args.rows through the layers' dispatch, bf16 against FP8 (and csrc's GEMVs where built). Returns
+    the model's rows of gemv.FP8_CONFIGS, fp8.FP8_GEMM_CONFIGS (swept, else empty) and native.NATIVE_FP8_GEMV."""
     device = torch.cuda.get_device_name()
-    print(f"{device}, qwen3-8b TP 1, us per call (CUDA graph replay, weights from HBM)")
-    layers = {layer: nk for layer, nk in shapes(dims, 1).items() if layer != "lm_head"}  # bf16 in FP8 checkpoints
+    dims, layers = FP8_MODELS[model][0], projections(model)
+    print(f"{device}, {model} TP 1, us per call (CUDA graph replay, weights from HBM)")
     weights = {}
     with torch.inference_mode():
         for layer, (n, k) in layers.items():
@@ -255,7 +254,7 @@ def main() -> None:
 
             _, best = fastest(gemv_candidates(n, k), gemv_time)
             FP8_CONFIGS[(n, k)] = best
-            gemv_rows.append(f"    # {device} qwen3-8b TP1 {layer}: M=1 {times[best][0]:.1f} us, "
+            gemv_rows.append(f"    # {device} {model} TP1 {layer}: M=1 {times[best][0]:.1f} us, "
                              f"M=8 {times[best][1]:.1f} us\n    ({n}, {k}): {best!r},")
             print(gemv_rows[-1], flush=True)
             picks = []
@@ -263,14 +262,10 @@ def main() -> None:
                 t, tiles = fastest(gemm_candidates(m), lambda tiles: time_per_call(
                     lambda: fp8_gemm(xs[m][:, :k], next(fp8), scale, BLOCK, tiles=tiles), calls, args.sweep_replays))
                 picks.append((m, tiles))
-                gemm_rows.append(f"    # {device} qwen3-8b TP1 {layer} M={m}: {t:.1f} us")
+                gemm_rows.append(f"    # {device} {model} TP1 {layer} M={m}: {t:.1f} us")
                 print(gemm_rows[-1], tiles, flush=True)
             FP8_GEMM_CONFIGS[(n, k)] = tuple(picks)
             gemm_rows += [f"    ({n}, {k}): ("] + [f"        ({m}, {tiles!r})," for m, tiles in picks] + ["    ),"]
-        if args.sweep and args.write:
-            rewrite_table(Path(gemv_kernels.__file__), "FP8_CONFIGS", gemv_rows)
-            rewrite_table(Path(fp8_kernels.__file__), "FP8_GEMM_CONFIGS", gemm_rows)
-            print(f"rewrote FP8_CONFIGS in {gemv_kernels.__file__} and FP8_GEMM_CONFIGS in {fp8_kernels.__file__}")
 
         step = {m: [0.0, 0.0, 0.0] for m in args.rows}  # bf16, FP8, FP8 GEMM where the GEMV serves FP8
         cuda = torch.device("cuda", torch.cuda.current_device())
@@ -314,7 +309,7 @@ def main() -> None:
                                              fp8_calls, args.replays)
                     (variant, rows), t = min(t_native.items(), key=lambda item: item[1])
                     if t < t_triton:
-                        native_rows.append(f"    # {device} qwen3-8b TP1 {layer} M={m}: {t:.1f} us against the "
+                        native_rows.append(f"    # {device} {model} TP1 {layer} M={m}: {t:.1f} us against the "
                                            f"Triton GEMV's {t_triton:.1f}\n    ({m}, {n}, {k}): "
                                            f"({variant!r}, {rows}),")
         # the LM head, bf16 in FP8 checkpoints: after the projections, a decode step's largest weight read
@@ -323,7 +318,7 @@ def main() -> None:
         for m in args.rows:
             t = time_per_call(lambda: linear(xs[m][:, :k], next(head)), calls, args.replays)
             print(f"lm_head  {n:>6} {k:>6} M={m:<5} bf16 {t:>8.1f}  GB/s {n * k * 2 / t / 1e3:>5.0f}", flush=True)
-    print(f"\n{device}: step = 4 projections x {dims.layers} layers, us")
+    print(f"\n{device}: {model} step = {len(layers)} projections x {dims.layers} layers, us")
     print("| M | bf16 | FP8 | bf16 / FP8 | FP8 GEMM instead of the GEMV | native GEMV "
           + ", ".join(f"{v}/{r}" for v, r in candidates) + " |\n|---|---|---|---|---|---|")
     for m, (t_bf16, t_fp8, t_gemm) in step.items():
@@ -331,7 +326,42 @@ def main() -> None:
         print(f"| {m} | {t_bf16:,.0f} | {t_fp8:,.0f} | {t_bf16 / t_fp8:.2f}x | {f'{t_gemm:,.0f}' if t_gemm else ''} "
               f"| {ours if native_step else ''} |")
     if native_step:
-        print("\nNATIVE_FP8_GEMV rows (minisgl/kernels/native.py):\n" + "\n".join(native_rows or ["    (none faster)"]))
+        print(f"\nNATIVE_FP8_GEMV rows for {model} (minisgl/kernels/native.py):\n"
+              + "\n".join(native_rows or ["    (none faster)"]))
+    return gemv_rows, gemm_rows, native_rows
+
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=list(FP8_MODELS), choices=list(FP8_MODELS))
+    parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--write", action="store_true", help="with --sweep or --cublas: rewrite its tables")
+    parser.add_argument("--replays", type=int, default=10)
+    parser.add_argument("--sweep-replays", type=int, default=2)
+    parser.add_argument("--rows", type=int, nargs="+", default=ROWS, help="batch sizes timed per projection")
+    parser.add_argument("--chain", action="store_true", help="only qwen3-8b's decode-step chain (see above)")
+    parser.add_argument("--cublas", action="store_true", help="only Triton vs cuBLAS FP8 GEMMs (see above)")
+    args = parser.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    with torch.inference_mode():
+        if args.chain:
+            chain(MODELS["qwen3-8b"], gen, args.replays)
+            return
+        if args.cublas:
+            rows = [row for model in args.models for row in cublas(model, gen, args.replays)]
+            if args.write:
+                rewrite_table(Path(fp8_cublas.__file__), "CUBLAS_FP8_MIN_M", rows)
+                print(f"rewrote CUBLAS_FP8_MIN_M in {fp8_cublas.__file__}")
+            return
+    gemv_rows, gemm_rows, native_rows = ([sum(rows, []) for rows in zip(*(
+        projection_tables(model, args, gen) for model in args.models))])
+    if args.sweep and args.write:
+        rewrite_table(Path(gemv_kernels.__file__), "FP8_CONFIGS", gemv_rows)
+        rewrite_table(Path(fp8_kernels.__file__), "FP8_GEMM_CONFIGS", gemm_rows)
+        print(f"rewrote FP8_CONFIGS in {gemv_kernels.__file__} and FP8_GEMM_CONFIGS in {fp8_kernels.__file__}")
+    if native_rows:
+        print("\nNATIVE_FP8_GEMV rows, all models (minisgl/kernels/native.py):\n" + "\n".join(native_rows))
 
 
 if __name__ == "__main__":

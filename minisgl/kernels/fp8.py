@@ -189,6 +189,22 @@ FP8_GEMM_CONFIGS: dict[tuple[int, int], tuple[tuple[int, Fp8GemmConfig], ...]] =
         (256, Fp8GemmConfig(block_m=64, block_n=64, group_m=8, num_warps=4, num_stages=4)),
         (4096, Fp8GemmConfig(block_m=64, block_n=128, group_m=8, num_warps=8, num_stages=3)),
     ),
+    # NVIDIA H200 qwen3-30b-a3b TP1 qkv M=128: 11.7 us
+    # NVIDIA H200 qwen3-30b-a3b TP1 qkv M=256: 12.8 us
+    # NVIDIA H200 qwen3-30b-a3b TP1 qkv M=4096: 125.3 us
+    (5120, 2048): (
+        (128, Fp8GemmConfig(block_m=64, block_n=64, group_m=8, num_warps=4, num_stages=4)),
+        (256, Fp8GemmConfig(block_m=64, block_n=64, group_m=8, num_warps=4, num_stages=3)),
+        (4096, Fp8GemmConfig(block_m=64, block_n=128, group_m=8, num_warps=8, num_stages=3)),
+    ),
+    # NVIDIA H200 qwen3-30b-a3b TP1 o M=128: 18.3 us
+    # NVIDIA H200 qwen3-30b-a3b TP1 o M=256: 18.8 us
+    # NVIDIA H200 qwen3-30b-a3b TP1 o M=4096: 100.2 us
+    (2048, 4096): (
+        (128, Fp8GemmConfig(block_m=64, block_n=64, group_m=8, num_warps=4, num_stages=4)),
+        (256, Fp8GemmConfig(block_m=64, block_n=64, group_m=8, num_warps=4, num_stages=4)),
+        (4096, Fp8GemmConfig(block_m=64, block_n=128, group_m=8, num_warps=8, num_stages=3)),
+    ),
 }
 
 

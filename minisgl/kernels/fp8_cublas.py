@@ -61,16 +61,22 @@ ENV = "MINISGL_FP8_CUBLAS"
 # (quantization included in each): the smallest timed M from which cuBLAS was the faster at every timed M.
 # These rows: that run on an H200 (torch 2.11.0+cu130, 2026-11-26); summed over qwen3-8b's four projections
 # and 36 layers, cuBLAS took 0.92x the Triton GEMM's time at 64 rows, 0.73x at 256, 0.63x from 1,024 (0.65x
-# bf16's); at 32 rows, 0.98x.
+# bf16's); at 32 rows, 0.98x. qwen3-30b-a3b's qkv and o (its MLPs are experts): cuBLAS from 32 rows too, 0.65x
+# and 0.57x the Triton GEMM's time at 128 rows (though bf16 is faster still for these small weights up to ~1,024
+# rows). Each row's comment: us per call of cuBLAS / Triton / bf16 at M rows.
 CUBLAS_FP8_MIN_M: dict[tuple[int, int], int | None] = {
-    # H200 qkv, cuBLAS/Triton/bf16 us at M 128: 17/20/17, 256: 17/22/22, 1024: 48/71/68, 4096: 178/282/258
+    # H200 qwen3-8b qkv, us at M 128: 17/20/17, 256: 17/22/22, 1024: 48/70/68, 4096: 184/280/260
     (6144, 4096): 32,
-    # H200 o, cuBLAS/Triton/bf16 us at M 128: 17/19/14, 256: 17/20/16, 1024: 32/50/44, 4096: 128/188/172
+    # H200 qwen3-8b o, us at M 128: 17/20/14, 256: 17/20/16, 1024: 32/49/45, 4096: 134/208/178
     (4096, 4096): 32,
-    # H200 gate_up, cuBLAS/Triton/bf16 us at M 128: 36/47/54, 256: 48/71/72, 1024: 180/293/261, 4096: 695/1163/1103
+    # H200 qwen3-8b gate_up, us at M 128: 36/47/54, 256: 48/71/73, 1024: 189/301/263, 4096: 730/1185/1088
     (24576, 4096): 128,
-    # H200 down, cuBLAS/Triton/bf16 us at M 128: 41/53/34, 256: 43/57/43, 1024: 87/136/126, 4096: 391/587/561
+    # H200 qwen3-8b down, us at M 128: 43/57/35, 256: 43/57/44, 1024: 107/137/127, 4096: 400/638/635
     (4096, 12288): 32,
+    # H200 qwen3-30b-a3b qkv, us at M 128: 11/17/8, 256: 11/17/12, 1024: 28/43/30, 4096: 84/138/115
+    (5120, 2048): 32,
+    # H200 qwen3-30b-a3b o, us at M 128: 17/30/10, 256: 17/30/10, 1024: 19/32/23, 4096: 71/109/87
+    (2048, 4096): 32,
 }
 DEFAULT_MIN_M = 256  # shapes without a row (other models, other TP sizes)
 

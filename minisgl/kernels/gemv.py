@@ -192,7 +192,8 @@ CONFIGS: dict[tuple[int, int], GemvConfig] = {
 }
 
 
-# The same for e4m3 weights (BLOCK_K is the scale group, 128): rows from `benchmarks/fp8.py --sweep`.
+# The same for e4m3 weights (BLOCK_K is the scale group, 128): rows from `benchmarks/fp8.py --sweep` (qwen3-8b's
+# on an H100, qwen3-30b-a3b's attention projections on an H200; csrc's GEMVs serve most of them at 1-2 rows).
 FP8_CONFIGS: dict[tuple[int, int], GemvConfig] = {
     # NVIDIA H100 80GB HBM3 qwen3-8b TP1 qkv: M=1 13.6 us, M=8 13.3 us
     (6144, 4096): GemvConfig(block_n=64, block_k=128, split_k=4, num_warps=4, num_stages=4),
@@ -202,6 +203,10 @@ FP8_CONFIGS: dict[tuple[int, int], GemvConfig] = {
     (24576, 4096): GemvConfig(block_n=64, block_k=128, split_k=1, num_warps=4, num_stages=4),
     # NVIDIA H100 80GB HBM3 qwen3-8b TP1 down: M=1 23.4 us, M=8 24.0 us
     (4096, 12288): GemvConfig(block_n=64, block_k=128, split_k=8, num_warps=4, num_stages=3),
+    # NVIDIA H200 qwen3-30b-a3b TP1 qkv: M=1 6.6 us, M=8 7.0 us
+    (5120, 2048): GemvConfig(block_n=64, block_k=128, split_k=8, num_warps=4, num_stages=3),
+    # NVIDIA H200 qwen3-30b-a3b TP1 o: M=1 7.1 us, M=8 7.1 us
+    (2048, 4096): GemvConfig(block_n=64, block_k=128, split_k=16, num_warps=8, num_stages=4),
 }
 
 

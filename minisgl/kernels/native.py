@@ -62,7 +62,10 @@ VARIANTS = {"mma": Variant(0, 8, (16, 32)), "widen": Variant(1, 2, (8, 16))}
 # mma's rows (qkv and gate_up at 2 and 8 rows, o at 8) are left out, the step preferred over the rows: its
 # step sums at 2 and 8 rows (3,256-3,535 us) were above the Triton column's (3,020-3,049, though that column
 # timed down without SiLU-and-mul inside) and W2 at 1 row ran 4.21 ms against 3.93; until a step with mma
-# measures faster, it stays behind MINISGL_NATIVE_GEMV=mma.
+# measures faster, it stays behind MINISGL_NATIVE_GEMV=mma. qwen3-30b-a3b's attention projections (its MLPs are
+# experts), from `python benchmarks/fp8.py --models qwen3-30b-a3b --sweep --rows 1 2 8` on an H200 (2026-11-26):
+# each row is that run's fastest variant; both projections' step at 1 row, 48 layers: 437 us against the Triton
+# GEMV's 655 (widen alone 449, mma alone 621-629).
 NATIVE_FP8_GEMV: dict[tuple[int, int, int], tuple[str, int]] = {
     # NVIDIA H200 qwen3-8b TP1 qkv M=1: 8.4 us against the Triton GEMV's 12.7
     (1, 6144, 4096): ("widen", 8),
@@ -76,6 +79,18 @@ NATIVE_FP8_GEMV: dict[tuple[int, int, int], tuple[str, int]] = {
     (1, 4096, 12288): ("widen", 16),
     # NVIDIA H200 qwen3-8b TP1 down M=2: 24.8 us against the Triton GEMV's 29.3
     (2, 4096, 12288): ("widen", 16),
+    # NVIDIA H200 qwen3-30b-a3b TP1 qkv M=1: 5.6 us against the Triton GEMV's 6.6
+    (1, 5120, 2048): ('mma', 32),
+    # NVIDIA H200 qwen3-30b-a3b TP1 qkv M=2: 5.7 us against the Triton GEMV's 6.8
+    (2, 5120, 2048): ('mma', 32),
+    # NVIDIA H200 qwen3-30b-a3b TP1 qkv M=8: 5.8 us against the Triton GEMV's 7.0
+    (8, 5120, 2048): ('mma', 32),
+    # NVIDIA H200 qwen3-30b-a3b TP1 o M=1: 3.5 us against the Triton GEMV's 7.1
+    (1, 2048, 4096): ('widen', 8),
+    # NVIDIA H200 qwen3-30b-a3b TP1 o M=2: 3.9 us against the Triton GEMV's 7.2
+    (2, 2048, 4096): ('widen', 16),
+    # NVIDIA H200 qwen3-30b-a3b TP1 o M=8: 6.5 us against the Triton GEMV's 7.1
+    (8, 2048, 4096): ('mma', 16),
 }
 
 
