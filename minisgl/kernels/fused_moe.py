@@ -9,7 +9,9 @@ Three steps, no host sync (the decode step runs inside CUDA graphs), no Python l
 2. gate/up: for each block, gather its tokens' activations, multiply by that expert's w13 and apply
    SiLU(gate) * up in the epilogue -> one row of [T * top_k, I] per pair.
 3. down: multiply by the expert's w2 and by the pair's routing weight -> [T * top_k, H]; a sum over
-   top_k gives [T, H]. Every step is deterministic: no atomics, a fixed summation order.
+   top_k gives [T, H] (a launch of its own: a token's pairs are in blocks of different experts, and
+   summing them in the GEMM would take float atomics). Every step is deterministic: no atomics, a fixed
+   summation order.
 
 FP8 experts (e4m3 weights with block or per-channel scales) run through the same two GEMMs with BLOCK_K
 set to the scale group, on e4m3 activations: x is quantized per token and group once before the gate/up
@@ -485,6 +487,35 @@ def expert_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, aligned: tu
         num_warps=config.num_warps, num_stages=config.num_stages)
 
 
+TOPK_SUM_BLOCK_H = 512  # columns of the top-k sum per program
+
+
+@triton.jit
+def _topk_sum_kernel(src_ptr, out_ptr, hidden, TOP_K: tl.constexpr, K_POW2: tl.constexpr, BLOCK_H: tl.constexpr):
+    """out[t, cols] = the sum over k of src[t * TOP_K + k, cols], in float32, in one fixed order."""
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    ks = tl.arange(0, K_POW2)
+    mask = (ks < TOP_K)[:, None] & (cols < hidden)[None, :]
+    x = tl.load(src_ptr + (token * TOP_K + ks)[:, None] * hidden + cols[None, :], mask=mask, other=0.0)
+    tl.store(out_ptr + token * hidden + cols, tl.sum(x.to(tl.float32), axis=0).to(out_ptr.dtype.element_ty),
+             mask=cols < hidden)
+
+
+def topk_sum(pairs: torch.Tensor, top_k: int) -> torch.Tensor:
+    """pairs [T * top_k, H] (contiguous, token-major) summed over each token's top_k rows -> [T, H]. One
+    launch that reads each row once: torch's sum over the middle dim of [T, top_k, H] took 6.5 us at 200
+    tokens x 8 x 2,048 on an H200, for 6.5 MB. Deterministic: no atomics, a fixed order."""
+    hidden = pairs.shape[1]
+    num_tokens = pairs.shape[0] // top_k
+    out = torch.empty(num_tokens, hidden, dtype=pairs.dtype, device=pairs.device)
+    block_h = min(TOPK_SUM_BLOCK_H, triton.next_power_of_2(hidden))
+    if num_tokens:
+        _topk_sum_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
+            pairs, out, hidden, TOP_K=top_k, K_POW2=triton.next_power_of_2(top_k), BLOCK_H=block_h)
+    return out
+
+
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                   config: MoEConfig | None = None, scales: tuple[torch.Tensor, torch.Tensor] | None = None,
                   fp8: Fp8Config | None = None) -> torch.Tensor:
@@ -508,4 +539,4 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
     out = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
     a, a_scale = operand(act)
     expert_gemm(a, w2, out, aligned, 1, config, weights.reshape(-1), scale=scales[1], fp8=fp8, a_scale=a_scale)
-    return out.view(num_tokens, top_k, hidden).sum(dim=1)
+    return topk_sum(out, top_k)
