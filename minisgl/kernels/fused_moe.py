@@ -43,6 +43,8 @@ from minisgl.quantization import Fp8Config
 # experts] tile whatever their number.
 # Arguments that change with the batch are not specialized: Triton would otherwise compile a variant per value
 # class (== 1, divisible by 16, a power of two) in the middle of serving, after the warm-up (seconds each).
+# PAIRS_PER_PROGRAM and ONE_LAUNCH_MAX_PAIRS are first choices, not yet timed on a GPU: `benchmarks/moe.py
+# --align-sweep` times their alternatives (and the align this one replaced, 15 us a layer at 200 tokens x 8).
 PAIRS_PER_PROGRAM = 64
 ONE_LAUNCH_MAX_PAIRS = 4096
 MAX_ALIGN_PROGRAMS = 128
