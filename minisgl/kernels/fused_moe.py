@@ -37,16 +37,18 @@ from minisgl.quantization import Fp8Config
 
 # Align: the pairs are split over programs of up to PAIRS_PER_PROGRAM each. A pair's rank within its expert
 # (how many earlier pairs of its program chose the same expert) is a [chunk, chunk] compare tile, so the chunk
-# stays small. Up to ONE_LAUNCH_MAX_PAIRS pairs (decode batches), every program histograms all the pairs itself
-# (tl.histogram: a few warp ballots per pair): one launch. More (prefills) are counted by a launch of their own
-# on at most MAX_ALIGN_PROGRAMS programs, whose counts the placing programs read as one [MAX_ALIGN_PROGRAMS,
-# experts] tile whatever their number.
+# stays small. Up to ONE_LAUNCH_MAX_TOKENS tokens (decode batches), every program histograms all the pairs
+# itself (tl.histogram): one launch. More (prefills) are counted by a launch of their own on at most
+# MAX_ALIGN_PROGRAMS programs, whose counts the placing programs read as one [MAX_ALIGN_PROGRAMS, experts] tile
+# whatever their number.
 # Arguments that change with the batch are not specialized: Triton would otherwise compile a variant per value
-# class (== 1, divisible by 16, a power of two) in the middle of serving, after the warm-up (seconds each).
-# PAIRS_PER_PROGRAM and ONE_LAUNCH_MAX_PAIRS are first choices, not yet timed on a GPU: `benchmarks/moe.py
+# class (== 1, divisible by 16, a power of two) in the middle of serving, after the warm-up (seconds each). The
+# threshold counts tokens, not pairs, so that the warm-up's prefills (`scheduler.WARM_UP_LENGTHS`, up to 1,536
+# tokens) compile both ways whatever top_k is.
+# PAIRS_PER_PROGRAM and ONE_LAUNCH_MAX_TOKENS are first choices, not yet timed on a GPU: `benchmarks/moe.py
 # --align-sweep` times their alternatives (and the align this one replaced, 15 us a layer at 200 tokens x 8).
 PAIRS_PER_PROGRAM = 64
-ONE_LAUNCH_MAX_PAIRS = 4096
+ONE_LAUNCH_MAX_TOKENS = 512
 MAX_ALIGN_PROGRAMS = 128
 MAX_CHUNK = 128  # largest rank tile: [MAX_CHUNK, MAX_CHUNK]
 HISTOGRAM_CHUNK = 1024  # pairs histogrammed at a time
@@ -177,7 +179,7 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int, pairs_per_program: 
     Returns sorted_ids [max_blocks * block_m] (pair index t * top_k + k, or T * top_k for padding; stable
     within an expert), block_expert [max_blocks] and num_padded [1], the rows in use. What lies at or
     past num_padded (rows of sorted_ids, their blocks in block_expert) is unspecified: nothing reads it.
-    one_launch (default: up to ONE_LAUNCH_MAX_PAIRS pairs) has each program count all the pairs itself;
+    one_launch (default: up to ONE_LAUNCH_MAX_TOKENS tokens) has each program count all the pairs itself;
     else a launch of its own counts them, and a program takes more pairs when they would need more than
     MAX_ALIGN_PROGRAMS.
     """
@@ -189,7 +191,7 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int, pairs_per_program: 
     num_padded = torch.empty(1, dtype=torch.int32, device=ids.device)
     e_pow2 = triton.next_power_of_2(num_experts)
     if one_launch is None:
-        one_launch = num_pairs <= ONE_LAUNCH_MAX_PAIRS
+        one_launch = ids.shape[0] <= ONE_LAUNCH_MAX_TOKENS
     chunk = min(MAX_CHUNK, triton.next_power_of_2(pairs_per_program))
     if not one_launch:
         pairs_per_program = max(pairs_per_program, triton.cdiv(num_pairs, MAX_ALIGN_PROGRAMS))

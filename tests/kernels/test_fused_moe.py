@@ -135,7 +135,7 @@ def test_align_layout(num_tokens, num_experts, top_k, block_m, pairs_per_program
 @pytest.mark.parametrize("num_tokens", [8, 9, 16, 17, 200, 511, 512, 513])
 def test_align_decode_sizes(num_tokens):
     """qwen3-30b-a3b's routing shape (128 experts, top-8) at the default split, around its edges: one program
-    (64 pairs = 8 tokens), several, and either side of ONE_LAUNCH_MAX_PAIRS (4,096 pairs = 512 tokens)."""
+    (64 pairs = 8 tokens), several, and either side of ONE_LAUNCH_MAX_TOKENS (512)."""
     check_align(random_ids(num_tokens, 128, 8), 128, 16)
 
 
