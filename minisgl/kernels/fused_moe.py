@@ -51,19 +51,8 @@ PAIRS_PER_PROGRAM = 64
 ONE_LAUNCH_MAX_TOKENS = 512
 MAX_ALIGN_PROGRAMS = 128
 MAX_CHUNK = 128  # largest rank tile: [MAX_CHUNK, MAX_CHUNK]
-HISTOGRAM_CHUNK = 1024  # pairs histogrammed at a time
+HISTOGRAM_CHUNK = 2048  # pairs histogrammed at a time (all of a decode batch of 256 x top-8)
 BLOCK_TILE = 32  # blocks whose expert is looked up at a time, as a [BLOCK_TILE, experts] compare
-
-
-@triton.jit
-def _histogram(ids_ptr, start, stop, E_POW2: tl.constexpr, SCAN: tl.constexpr):
-    """How many of the pairs in [start, stop) each expert got."""
-    counts = tl.zeros([E_POW2], dtype=tl.int32)
-    for base in range(start, stop, SCAN):
-        offs = base + tl.arange(0, SCAN)
-        ok = offs < stop
-        counts += tl.histogram(tl.load(ids_ptr + offs, mask=ok, other=0).to(tl.int32), E_POW2, mask=ok)
-    return counts
 
 
 @triton.jit(do_not_specialize=["num_pairs", "pairs_per_program"])
@@ -71,7 +60,12 @@ def _count_kernel(ids_ptr, counts_ptr, num_pairs, pairs_per_program, E_POW2: tl.
     """Per-program expert counts, for the two-launch align of large batches."""
     pid = tl.program_id(0)
     start = pid * pairs_per_program
-    counts = _histogram(ids_ptr, start, tl.minimum(start + pairs_per_program, num_pairs), E_POW2, SCAN)
+    stop = tl.minimum(start + pairs_per_program, num_pairs)
+    counts = tl.zeros([E_POW2], dtype=tl.int32)
+    for base in range(start, stop, SCAN):
+        offs = base + tl.arange(0, SCAN)
+        ids = tl.load(ids_ptr + offs, mask=offs < stop, other=0).to(tl.int32)
+        counts += tl.histogram(ids, E_POW2, mask=offs < stop)
     tl.store(counts_ptr + pid * E_POW2 + tl.arange(0, E_POW2), counts)
 
 
@@ -93,9 +87,14 @@ def _place_kernel(ids_ptr, counts_ptr, sorted_ptr, block_expert_ptr, num_padded_
         counts = tl.load(counts_ptr + progs * E_POW2 + experts, mask=progs < num_programs, other=0)
         totals = tl.sum(counts, axis=0)
         before = tl.sum(tl.where(progs < pid, counts, 0), axis=0)  # each expert's pairs in earlier programs
-    else:
-        before = _histogram(ids_ptr, 0, start, E_POW2, SCAN)
-        totals = before + _histogram(ids_ptr, start, num_pairs, E_POW2, SCAN)
+    else:  # one pass over all the pairs (decode batches: one tile)
+        before = tl.zeros([E_POW2], dtype=tl.int32)
+        totals = tl.zeros([E_POW2], dtype=tl.int32)
+        for base in range(0, num_pairs, SCAN):
+            offs = base + tl.arange(0, SCAN)
+            ids = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=0).to(tl.int32)
+            before += tl.histogram(ids, E_POW2, mask=offs < start)
+            totals += tl.histogram(ids, E_POW2, mask=offs < num_pairs)
     padded = (totals + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, axis=0)
     starts = ends - padded
