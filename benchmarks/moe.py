@@ -15,13 +15,23 @@ routings of the same token count (ROUTINGS of them), so that a small batch's exp
 cache from the call before (a model's layers each read their own). GB/s counts the bytes of the experts a
 call reads (weights and scales). align is the sort step alone, route the fused router against torch's
 softmax + topk (route_torch), torch the reference loop (small T only: it syncs once per expert).
---align-sweep also times align at other pairs per program.
+
+    python benchmarks/moe.py --align-sweep [--align-baseline OLD.py]
+
+times only the align and the top-k sum at 1-16,384 tokens x top-8 (block_m from FP8_CONFIGS at I_local 768,
+as W1 of qwen3-30b-a3b FP8 runs): align as dispatched, forced to one launch and to the counted two-launch path
+at several pairs per program, the `align` of another copy of fused_moe.py beside it (e.g. `git show
+<commit>:minisgl/kernels/fused_moe.py > OLD.py`), and `topk_sum` against torch's sum over [T, top_k, H]; a
+markdown table last.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import itertools
+import sys
 from pathlib import Path
 
 import torch
@@ -29,7 +39,7 @@ from fp8 import rewrite_table
 from triton.testing import do_bench, do_bench_cudagraph
 
 from minisgl.kernels import fused_moe
-from minisgl.kernels.fused_moe import MoEConfig, align, fused_experts, pick_config, route_fused
+from minisgl.kernels.fused_moe import MoEConfig, align, fused_experts, pick_config, route_fused, topk_sum
 from minisgl.layers.fp8 import quantize_weight
 from minisgl.layers.moe import experts_torch, route
 from minisgl.quantization import Fp8Config
@@ -118,7 +128,7 @@ def time_fused(experts: Experts, routings: list[tuple], config: MoEConfig) -> fl
     return do_bench_cudagraph(lambda: experts.run(*next(cycle), config), rep=20)
 
 
-def bench(experts: Experts, baseline: Experts | None, sweep: bool, align_sweep: bool, gen: torch.Generator
+def bench(experts: Experts, baseline: Experts | None, sweep: bool, gen: torch.Generator
           ) -> tuple[list[tuple[int, MoEConfig]], list[tuple[int, float, float, float]]]:
     """Times per token count; `baseline` (bf16 experts, for --fp8) is timed beside with its own table.
     Returns the sweep's best config per token count, and (tokens, baseline ms, table ms, best ms) rows."""
@@ -144,10 +154,6 @@ def bench(experts: Experts, baseline: Experts | None, sweep: bool, align_sweep: 
         ref = (do_bench(lambda: experts.run(x, weights, ids, reference=True), rep=50)
                if num_tokens <= TORCH_MAX_TOKENS else float("nan"))
         line += f" {aligned:>9.4f} {routed[0]:>9.4f} {routed[1]:>11.4f} {ref:>9.3f}"
-        if align_sweep:
-            line += "  align by pairs/program: " + " ".join(
-                f"{ppp}={do_bench_cudagraph(lambda: align(ids, EXPERTS, config.block_m, ppp), rep=20):.4f}"
-                for ppp in (32, 64, 128, 256, 512))
         if sweep:
             tried = {config, *candidates(num_tokens, fp8)}
             best_ms, best = min(((time_fused(experts, routings, c), c) for c in tried), key=lambda timed: timed[0])
@@ -160,6 +166,63 @@ def bench(experts: Experts, baseline: Experts | None, sweep: bool, align_sweep: 
         if num_tokens == 1:
             print(f"{'':>7} batch-1 decode: {fused * LAYERS:.2f} ms per token in the {LAYERS} MoE layers")
     return best_rows, summary
+
+
+ALIGN_TOKENS = [1, 8, 16, 32, 64, 128, 200, 256, 512, 1024, 2048, 4096, 16384]
+ALIGN_SPLITS = {True: (32, 64, 128), False: (64, 128, 512)}  # pairs per program, one launch / counted
+
+
+def load_align(path: str):
+    """`align` of another copy of fused_moe.py (an older commit's), as its own module."""
+    spec = importlib.util.spec_from_file_location("fused_moe_baseline", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module.align
+
+
+def layout(aligned: tuple[torch.Tensor, ...], block_m: int) -> tuple[list[int], list[int]]:
+    """The rows in use of an align's sorted_ids, and their blocks' experts."""
+    sorted_ids, block_expert, num_padded = aligned
+    rows = num_padded.item()
+    return sorted_ids[:rows].tolist(), block_expert[:rows // block_m].tolist()
+
+
+def align_sweep(gen: torch.Generator, baseline_path: str | None) -> None:
+    """Microseconds (CUDA-graph replays) of align and the top-k sum per token count; see the module doc.
+    Every align variant must give the dispatched one's layout (compiled, at full size) before it is timed."""
+    w13 = torch.empty(EXPERTS, 2 * 768, HIDDEN, dtype=torch.float8_e4m3fn, device="meta")
+    baseline = load_align(baseline_path) if baseline_path else None
+    print(f"\nus per call, E={EXPERTS} top_k={TOP_K} H={HIDDEN}, block_m of FP8_CONFIGS (I_local 768); "
+          "ratio: align / baseline, topk_sum / torch_sum")
+    rows, names = [], []
+    for num_tokens in ALIGN_TOKENS:
+        ids = route_fused(torch.randn(num_tokens, EXPERTS, device="cuda", generator=gen), TOP_K, True)[1]
+        block_m = pick_config(num_tokens, TOP_K, w13).block_m
+        variants = {"align": functools.partial(align, ids, EXPERTS, block_m)}
+        if baseline:
+            variants["baseline"] = functools.partial(baseline, ids, EXPERTS, block_m)
+        for one, ppp in ((one, ppp) for one, splits in ALIGN_SPLITS.items() for ppp in splits):
+            variants[f"{'one' if one else 'counted'}/{ppp}"] = functools.partial(align, ids, EXPERTS, block_m, ppp, one)
+        want = layout(variants["align"](), block_m)
+        for name, fn in variants.items():
+            assert layout(fn(), block_m) == want, f"{name} disagrees with align at {num_tokens} tokens"
+        pairs = torch.randn(num_tokens * TOP_K, HIDDEN, device="cuda", generator=gen).bfloat16()
+        variants["topk_sum"] = functools.partial(topk_sum, pairs, TOP_K)
+        variants["torch_sum"] = lambda: pairs.view(num_tokens, TOP_K, HIDDEN).sum(dim=1)
+        times = {name: do_bench_cudagraph(fn, rep=20) * 1000 for name, fn in variants.items()}
+        if baseline:
+            times["ratio"] = times["align"] / times["baseline"]
+        times["sum_ratio"] = times["topk_sum"] / times["torch_sum"]
+        if not names:
+            names = list(times)
+            print(f"{'tokens':>7} {'block_m':>7} " + " ".join(f"{name:>11}" for name in names))
+        print(f"{num_tokens:>7} {block_m:>7} " + " ".join(f"{times[name]:>11.2f}" for name in names), flush=True)
+        rows.append((num_tokens, times))
+    print(f"\n== align and top-k sum, us per call, {torch.cuda.get_device_name()}")
+    print("| tokens | " + " | ".join(names) + " |\n|" + "---|" * (len(names) + 1))
+    for num_tokens, times in rows:
+        print(f"| {num_tokens} | " + " | ".join(f"{times[name]:.2f}" for name in names) + " |")
 
 
 def table_entry(key: tuple[int, int, int], rows: list[tuple[int, MoEConfig]]) -> str:
@@ -175,12 +238,18 @@ def main() -> None:
     parser.add_argument("--fp8", action="store_true", help="e4m3 experts, 128 x 128 block scales")
     parser.add_argument("--sweep", action="store_true", help="try candidate configs, print the best as table rows")
     parser.add_argument("--write", action="store_true", help="with --sweep: rewrite the table's swept entries")
-    parser.add_argument("--align-sweep", action="store_true", help="time align at other pairs per program")
+    parser.add_argument("--align-sweep", action="store_true",
+                        help="time only align (at several splits) and the top-k sum")
+    parser.add_argument("--align-baseline", metavar="FILE", help="with --align-sweep: a fused_moe.py to time beside")
     parser.add_argument("--inter", type=int, nargs="+", default=[768, 384], help="I_local (768: TP 1, 384: TP 2)")
     args = parser.parse_args()
     name = "FP8_CONFIGS" if args.fp8 else "CONFIGS"
     print(torch.cuda.get_device_name())
     gen = torch.Generator(device="cuda").manual_seed(0)
+    if args.align_sweep:
+        with torch.inference_mode():
+            align_sweep(gen, args.align_baseline)
+        return
     swept: dict[tuple[int, int, int], list[tuple[int, MoEConfig]]] = {}
     summary: list[tuple[int, int, float, float, float]] = []
     with torch.inference_mode():
@@ -190,7 +259,7 @@ def main() -> None:
             experts = Experts(inter, args.fp8, gen)
             check(experts, gen)
             baseline = Experts(inter, False, gen) if args.fp8 else None
-            best_rows, rows = bench(experts, baseline, args.sweep, args.align_sweep, gen)
+            best_rows, rows = bench(experts, baseline, args.sweep, gen)
             summary += [(inter, *row) for row in rows]
             if args.sweep:
                 swept[(EXPERTS, inter, HIDDEN)] = best_rows

@@ -9,7 +9,9 @@ Three steps, no host sync (the decode step runs inside CUDA graphs), no Python l
 2. gate/up: for each block, gather its tokens' activations, multiply by that expert's w13 and apply
    SiLU(gate) * up in the epilogue -> one row of [T * top_k, I] per pair.
 3. down: multiply by the expert's w2 and by the pair's routing weight -> [T * top_k, H]; a sum over
-   top_k gives [T, H]. Every step is deterministic: no atomics, a fixed summation order.
+   top_k gives [T, H] (a launch of its own: a token's pairs are in blocks of different experts, and
+   summing them in the GEMM would take float atomics). Every step is deterministic: no atomics, a fixed
+   summation order.
 
 FP8 experts (e4m3 weights with block or per-channel scales) run through the same two GEMMs with BLOCK_K
 set to the scale group, on e4m3 activations: x is quantized per token and group once before the gate/up
@@ -33,82 +35,97 @@ import triton.language as tl
 from minisgl.kernels.fp8 import EMULATE, dot_e4m3, quantize_activation, quantize_tile, scale_strides
 from minisgl.quantization import Fp8Config
 
-# Align: up to PAIRS_PER_PROGRAM pairs (decode batches) are sorted by a single program in one launch;
-# more are counted, then placed, by up to MAX_ALIGN_PROGRAMS programs. A program takes its pairs a chunk
-# at a time, as a [chunk, experts] tile of about ALIGN_TILE elements.
-# Arguments that change with the batch are not specialized, and the programs' counts are read as one
-# [MAX_ALIGN_PROGRAMS, experts] tile whatever their number: Triton would otherwise compile a variant per value
-# class (== 1, divisible by 16, a power of two) in the middle of serving, after the warm-up (seconds each).
-PAIRS_PER_PROGRAM = 128  # on the H200, 128 to 1024 tokens x top-8 align twice as fast as with 512 (benchmarks/moe.py)
+# Align: the pairs are split over programs of up to PAIRS_PER_PROGRAM each. A pair's rank within its expert
+# (how many earlier pairs of its program chose the same expert) is a [chunk, chunk] compare tile, so the chunk
+# stays small. Up to ONE_LAUNCH_MAX_TOKENS tokens (decode batches), every program histograms all the pairs
+# itself (tl.histogram): one launch. More (prefills) are counted by a launch of their own on at most
+# MAX_ALIGN_PROGRAMS programs, whose counts the placing programs read as one [MAX_ALIGN_PROGRAMS, experts] tile
+# whatever their number.
+# Arguments that change with the batch are not specialized: Triton would otherwise compile a variant per value
+# class (== 1, divisible by 16, a power of two) in the middle of serving, after the warm-up (seconds each). The
+# threshold counts tokens, not pairs, so that the warm-up's prefills (`scheduler.WARM_UP_LENGTHS`, up to 1,536
+# tokens) compile both ways whatever top_k is.
+# PAIRS_PER_PROGRAM and ONE_LAUNCH_MAX_TOKENS are first choices, not yet timed on a GPU: `benchmarks/moe.py
+# --align-sweep` times their alternatives (and the align this one replaced, 15 us a layer at 200 tokens x 8).
+PAIRS_PER_PROGRAM = 64
+ONE_LAUNCH_MAX_TOKENS = 512
 MAX_ALIGN_PROGRAMS = 128
-ALIGN_TILE = 16384
-
-
-@triton.jit
-def _count_experts(ids_ptr, start, stop, E_POW2: tl.constexpr, CHUNK: tl.constexpr):
-    """How many of the pairs in [start, stop) each expert got."""
-    experts = tl.arange(0, E_POW2)
-    counts = tl.zeros([E_POW2], dtype=tl.int32)
-    for base in range(start, stop, CHUNK):
-        offs = base + tl.arange(0, CHUNK)
-        ids = tl.load(ids_ptr + offs, mask=offs < stop, other=-1)
-        counts += tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), axis=0)
-    return counts
+MAX_CHUNK = 128  # largest rank tile: [MAX_CHUNK, MAX_CHUNK]
+HISTOGRAM_CHUNK = 2048  # pairs histogrammed at a time (all of a decode batch of 256 x top-8)
+BLOCK_TILE = 32  # blocks whose expert is looked up at a time, as a [BLOCK_TILE, experts] compare
 
 
 @triton.jit(do_not_specialize=["num_pairs", "pairs_per_program"])
-def _count_kernel(ids_ptr, counts_ptr, num_pairs, pairs_per_program, E_POW2: tl.constexpr, CHUNK: tl.constexpr):
-    """Per-program expert counts, for the multi-program align of large batches."""
+def _count_kernel(ids_ptr, counts_ptr, num_pairs, pairs_per_program, E_POW2: tl.constexpr, SCAN: tl.constexpr):
+    """Per-program expert counts, for the two-launch align of large batches."""
     pid = tl.program_id(0)
     start = pid * pairs_per_program
     stop = tl.minimum(start + pairs_per_program, num_pairs)
-    counts = _count_experts(ids_ptr, start, stop, E_POW2, CHUNK)
+    counts = tl.zeros([E_POW2], dtype=tl.int32)
+    for base in range(start, stop, SCAN):
+        offs = base + tl.arange(0, SCAN)
+        ids = tl.load(ids_ptr + offs, mask=offs < stop, other=0).to(tl.int32)
+        counts += tl.histogram(ids, E_POW2, mask=offs < stop)
     tl.store(counts_ptr + pid * E_POW2 + tl.arange(0, E_POW2), counts)
 
 
-@triton.jit(do_not_specialize=["num_pairs", "pairs_per_program", "num_programs", "max_blocks"])
+@triton.jit(do_not_specialize=["num_pairs", "pairs_per_program", "num_programs", "max_blocks", "blocks_per_program"])
 def _place_kernel(ids_ptr, counts_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr,
-                  num_pairs, pairs_per_program, num_programs, max_blocks,
+                  num_pairs, pairs_per_program, num_programs, max_blocks, blocks_per_program,
                   BLOCK_M: tl.constexpr, E_POW2: tl.constexpr, P_POW2: tl.constexpr, CHUNK: tl.constexpr,
-                  SINGLE: tl.constexpr):
-    """Write each pair's index at its sorted, padded position; program 0 also writes the padding
-    sentinels, the expert of every block and the padded total. SINGLE: one program counts by itself."""
+                  SCAN: tl.constexpr, BLOCKS: tl.constexpr, COUNTED: tl.constexpr):
+    """Write each of this program's pairs at its sorted, padded row, and, for this program's share of
+    the blocks, their expert and the padding sentinels of their rows; program 0 writes the padded total.
+    COUNTED: the per-program counts are at counts_ptr (`_count_kernel`); else this program histograms
+    the pairs before its own and the rest."""
     pid = tl.program_id(0)
-    experts = tl.arange(0, E_POW2)
-    if SINGLE:
-        totals = _count_experts(ids_ptr, 0, num_pairs, E_POW2, CHUNK)
-        before = tl.zeros([E_POW2], dtype=tl.int32)
-    else:
+    start = pid * pairs_per_program
+    stop = tl.minimum(start + pairs_per_program, num_pairs)
+    if COUNTED:
         progs = tl.arange(0, P_POW2)[:, None]
-        counts = tl.load(counts_ptr + progs * E_POW2 + experts[None, :], mask=progs < num_programs, other=0)
+        experts = tl.arange(0, E_POW2)[None, :]
+        counts = tl.load(counts_ptr + progs * E_POW2 + experts, mask=progs < num_programs, other=0)
         totals = tl.sum(counts, axis=0)
-        before = tl.sum(tl.where(progs < pid, counts, 0), axis=0)  # this expert's pairs in earlier programs
+        before = tl.sum(tl.where(progs < pid, counts, 0), axis=0)  # each expert's pairs in earlier programs
+    else:  # one pass over all the pairs (decode batches: one tile)
+        before = tl.zeros([E_POW2], dtype=tl.int32)
+        totals = tl.zeros([E_POW2], dtype=tl.int32)
+        for base in range(0, num_pairs, SCAN):
+            offs = base + tl.arange(0, SCAN)
+            ids = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=0).to(tl.int32)
+            before += tl.histogram(ids, E_POW2, mask=offs < start)
+            totals += tl.histogram(ids, E_POW2, mask=offs < num_pairs)
     padded = (totals + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, axis=0)
     starts = ends - padded
-
+    num_padded = tl.sum(padded, axis=0)
     if pid == 0:
-        tl.store(num_padded_ptr, tl.sum(padded, axis=0))
-        pad = tl.arange(0, BLOCK_M)[None, :]
-        pad_pos = (starts + totals)[:, None] + pad
-        tl.store(sorted_ptr + pad_pos, tl.zeros_like(pad_pos) + num_pairs, mask=pad < (padded - totals)[:, None])
-        # Block b starts at row b * BLOCK_M; its expert is the number of runs that end at or before it.
-        for first in range(0, max_blocks, CHUNK):
-            blocks = first + tl.arange(0, CHUNK)
-            expert = tl.sum((ends[None, :] <= blocks[:, None] * BLOCK_M).to(tl.int32), axis=1)
-            tl.store(block_expert_ptr + blocks, expert, mask=blocks < max_blocks)
+        tl.store(num_padded_ptr, num_padded)
 
-    start = pid * pairs_per_program
-    stop = tl.minimum(start + pairs_per_program, num_pairs)
+    # Block b starts at row b * BLOCK_M; its expert is the number of runs that end at or before it, and
+    # its rows from that expert's last pair on are padding.
+    first_block = pid * blocks_per_program
+    last_block = tl.minimum(first_block + blocks_per_program, max_blocks)
+    fill = starts + totals
+    for first in range(first_block, last_block, BLOCKS):
+        blocks = first + tl.arange(0, BLOCKS)
+        used = (blocks < last_block) & (blocks * BLOCK_M < num_padded)
+        expert = tl.sum((ends[None, :] <= blocks[:, None] * BLOCK_M).to(tl.int32), axis=1)
+        tl.store(block_expert_ptr + blocks, expert, mask=used)
+        rows = blocks[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+        pad = rows >= tl.gather(fill, tl.minimum(expert, E_POW2 - 1), 0)[:, None]
+        tl.store(sorted_ptr + rows, tl.zeros_like(rows) + num_pairs, mask=pad & used[:, None])
+
     cursor = starts + before  # next free row of each expert's run
+    lanes = tl.arange(0, CHUNK)
     for base in range(start, stop, CHUNK):
-        offs = base + tl.arange(0, CHUNK)
-        ids = tl.load(ids_ptr + offs, mask=offs < stop, other=-1)
-        hit = (ids[:, None] == experts[None, :]).to(tl.int32)
-        earlier = tl.cumsum(hit, axis=0) - hit  # pairs of the same expert earlier in this chunk
-        dest = tl.sum(hit * (cursor[None, :] + earlier), axis=1)
-        tl.store(sorted_ptr + dest, offs, mask=offs < stop)
-        cursor += tl.sum(hit, axis=0)
+        offs = base + lanes
+        ok = offs < stop
+        ids = tl.load(ids_ptr + offs, mask=ok, other=0).to(tl.int32)
+        # Masked lanes come last, so no pair in use counts one of them as earlier.
+        earlier = tl.sum(((ids[None, :] == ids[:, None]) & (lanes[None, :] < lanes[:, None])).to(tl.int32), axis=1)
+        tl.store(sorted_ptr + tl.gather(cursor, ids, 0) + earlier, offs, mask=ok)
+        cursor += tl.histogram(ids, E_POW2, mask=ok)
 
 
 @triton.jit
@@ -154,13 +171,16 @@ def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
     return num_pairs // block_m + min(num_pairs, num_experts)
 
 
-def align(ids: torch.Tensor, num_experts: int, block_m: int, pairs_per_program: int = PAIRS_PER_PROGRAM
-          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def align(ids: torch.Tensor, num_experts: int, block_m: int, pairs_per_program: int = PAIRS_PER_PROGRAM,
+          one_launch: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sort the (token, k) pairs of ids [T, top_k] by expert, each expert's run padded to block_m.
 
     Returns sorted_ids [max_blocks * block_m] (pair index t * top_k + k, or T * top_k for padding; stable
     within an expert), block_expert [max_blocks] and num_padded [1], the rows in use. What lies at or
     past num_padded (rows of sorted_ids, their blocks in block_expert) is unspecified: nothing reads it.
+    one_launch (default: up to ONE_LAUNCH_MAX_TOKENS tokens) has each program count all the pairs itself;
+    else a launch of its own counts them, and a program takes more pairs when they would need more than
+    MAX_ALIGN_PROGRAMS.
     """
     flat = ids.reshape(-1)
     num_pairs = flat.numel()
@@ -169,16 +189,20 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int, pairs_per_program: 
     block_expert = torch.empty(blocks, dtype=torch.int32, device=ids.device)
     num_padded = torch.empty(1, dtype=torch.int32, device=ids.device)
     e_pow2 = triton.next_power_of_2(num_experts)
-    chunk = min(256, max(16, ALIGN_TILE // e_pow2))
-    pairs_per_program = max(pairs_per_program, triton.cdiv(num_pairs, MAX_ALIGN_PROGRAMS))
-    programs = triton.cdiv(num_pairs, pairs_per_program)
-    counts = block_expert  # unused by a single program
-    if programs > 1:
+    if one_launch is None:
+        one_launch = ids.shape[0] <= ONE_LAUNCH_MAX_TOKENS
+    chunk = min(MAX_CHUNK, triton.next_power_of_2(pairs_per_program))
+    if not one_launch:
+        pairs_per_program = max(pairs_per_program, triton.cdiv(num_pairs, MAX_ALIGN_PROGRAMS))
+    programs = max(1, triton.cdiv(num_pairs, pairs_per_program))  # one writes num_padded = 0 for no pairs
+    counts = block_expert  # unread when one_launch
+    if not one_launch:
         counts = torch.empty(programs, e_pow2, dtype=torch.int32, device=ids.device)
-        _count_kernel[(programs,)](flat, counts, num_pairs, pairs_per_program, E_POW2=e_pow2, CHUNK=chunk)
+        _count_kernel[(programs,)](flat, counts, num_pairs, pairs_per_program, E_POW2=e_pow2, SCAN=HISTOGRAM_CHUNK)
     _place_kernel[(programs,)](flat, counts, sorted_ids, block_expert, num_padded, num_pairs, pairs_per_program,
-                               programs, blocks, BLOCK_M=block_m, E_POW2=e_pow2,
-                               P_POW2=MAX_ALIGN_PROGRAMS, CHUNK=chunk, SINGLE=programs == 1)
+                               programs, blocks, triton.cdiv(blocks, programs), BLOCK_M=block_m, E_POW2=e_pow2,
+                               P_POW2=MAX_ALIGN_PROGRAMS, CHUNK=chunk, SCAN=HISTOGRAM_CHUNK, BLOCKS=BLOCK_TILE,
+                               COUNTED=not one_launch)
     return sorted_ids, block_expert, num_padded
 
 
@@ -466,6 +490,35 @@ def expert_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, aligned: tu
         num_warps=config.num_warps, num_stages=config.num_stages)
 
 
+TOPK_SUM_BLOCK_H = 512  # columns of the top-k sum per program
+
+
+@triton.jit
+def _topk_sum_kernel(src_ptr, out_ptr, hidden, TOP_K: tl.constexpr, K_POW2: tl.constexpr, BLOCK_H: tl.constexpr):
+    """out[t, cols] = the sum over k of src[t * TOP_K + k, cols], in float32, in one fixed order."""
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    ks = tl.arange(0, K_POW2)
+    mask = (ks < TOP_K)[:, None] & (cols < hidden)[None, :]
+    x = tl.load(src_ptr + (token * TOP_K + ks)[:, None] * hidden + cols[None, :], mask=mask, other=0.0)
+    tl.store(out_ptr + token * hidden + cols, tl.sum(x.to(tl.float32), axis=0).to(out_ptr.dtype.element_ty),
+             mask=cols < hidden)
+
+
+def topk_sum(pairs: torch.Tensor, top_k: int) -> torch.Tensor:
+    """pairs [T * top_k, H] (contiguous, token-major) summed over each token's top_k rows -> [T, H]. One
+    launch that reads each row once: torch's sum over the middle dim of [T, top_k, H] took 6.5 us at 200
+    tokens x 8 x 2,048 on an H200, for 6.5 MB. Deterministic: no atomics, a fixed order."""
+    hidden = pairs.shape[1]
+    num_tokens = pairs.shape[0] // top_k
+    out = torch.empty(num_tokens, hidden, dtype=pairs.dtype, device=pairs.device)
+    block_h = min(TOPK_SUM_BLOCK_H, triton.next_power_of_2(hidden))
+    if num_tokens:
+        _topk_sum_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
+            pairs, out, hidden, TOP_K=top_k, K_POW2=triton.next_power_of_2(top_k), BLOCK_H=block_h)
+    return out
+
+
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                   config: MoEConfig | None = None, scales: tuple[torch.Tensor, torch.Tensor] | None = None,
                   fp8: Fp8Config | None = None) -> torch.Tensor:
@@ -489,4 +542,4 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
     out = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
     a, a_scale = operand(act)
     expert_gemm(a, w2, out, aligned, 1, config, weights.reshape(-1), scale=scales[1], fp8=fp8, a_scale=a_scale)
-    return out.view(num_tokens, top_k, hidden).sum(dim=1)
+    return topk_sum(out, top_k)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import DEVICE
 
-from minisgl.kernels.fused_moe import MoEConfig, align, fused_experts, route_fused
+from minisgl.kernels.fused_moe import MoEConfig, align, fused_experts, route_fused, topk_sum
 from minisgl.layers.moe import experts_torch, route
 
 ON_GPU = DEVICE == "cuda"
@@ -102,17 +102,64 @@ def reference_layout(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple
     return rows, blocks
 
 
-@pytest.mark.parametrize("num_tokens, num_experts, top_k, block_m, pairs_per_program", [
-    (1, 4, 1, 16, 2048), (1, 128, 8, 16, 2048), (3, 8, 2, 16, 2048), (17, 8, 4, 32, 2048),
-    (64, 6, 2, 16, 2048), (300, 60, 4, 64, 2048),
-    (64, 8, 4, 16, 40), (100, 5, 1, 16, 33), (257, 128, 8, 16, 128),  # split over several programs
-])
-def test_align_layout(num_tokens, num_experts, top_k, block_m, pairs_per_program):
-    """Every pair exactly once, in its expert's run, runs padded to block_m, each block names its expert."""
+def random_ids(num_tokens: int, num_experts: int, top_k: int) -> torch.Tensor:
+    """[T, top_k] distinct experts per token, as a router picks them."""
     gen = torch.Generator().manual_seed(num_tokens)
-    ids = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(num_tokens)])
-    sorted_ids, block_expert, num_padded = align(ids.to(DEVICE), num_experts, block_m, pairs_per_program)
+    return torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(num_tokens)]
+                       ).reshape(num_tokens, top_k)
+
+
+def check_align(ids: torch.Tensor, num_experts: int, block_m: int, **kwargs) -> None:
+    """align's layout is the reference's: every pair once, in its expert's run in pair order, runs padded
+    to block_m with the sentinel, each block naming its expert, num_padded the rows in use."""
+    sorted_ids, block_expert, num_padded = align(ids.to(DEVICE), num_experts, block_m, **kwargs)
     rows, blocks = reference_layout(ids, num_experts, block_m)
     assert num_padded.item() == len(rows) <= sorted_ids.numel()
     assert sorted_ids[:len(rows)].tolist() == rows
     assert block_expert[:len(blocks)].tolist() == blocks
+
+
+@pytest.mark.parametrize("one_launch", [True, False], ids=["one_launch", "counted"])
+@pytest.mark.parametrize("num_tokens, num_experts, top_k, block_m, pairs_per_program", [
+    (1, 4, 1, 16, 2048), (1, 128, 8, 16, 2048), (3, 8, 2, 16, 2048), (17, 8, 4, 32, 2048),
+    (64, 6, 2, 16, 2048), (300, 60, 4, 64, 2048),
+    (64, 8, 4, 16, 40), (100, 5, 1, 16, 33), (257, 128, 8, 16, 128),  # split over several programs
+    (250, 8, 8, 16, 8),  # 2,000 pairs at 8 a program: the counted path caps its programs at 128 (16 each)
+])
+def test_align_layout(num_tokens, num_experts, top_k, block_m, pairs_per_program, one_launch):
+    """Both ways of counting, on random routing (E not a power of two: 60, 6, 5)."""
+    check_align(random_ids(num_tokens, num_experts, top_k), num_experts, block_m,
+                pairs_per_program=pairs_per_program, one_launch=one_launch)
+
+
+@pytest.mark.parametrize("num_tokens", [8, 9, 16, 17, 200, 511, 512, 513])
+def test_align_decode_sizes(num_tokens):
+    """qwen3-30b-a3b's routing shape (128 experts, top-8) at the default split, around its edges: one program
+    (64 pairs = 8 tokens), several, and either side of ONE_LAUNCH_MAX_TOKENS (512)."""
+    check_align(random_ids(num_tokens, 128, 8), 128, 16)
+
+
+@pytest.mark.parametrize("one_launch", [True, False], ids=["one_launch", "counted"])
+def test_align_skewed_routing(one_launch):
+    """All pairs but a few on one expert (a run of many blocks, its rows placed by every program), most
+    experts without a pair (no block), and an expert whose run is an exact multiple of block_m (no padding)."""
+    ids = torch.full((300, 2), 3)
+    ids[:, 1] = 7
+    ids[::10, 0] = 0  # 30 pairs on expert 0
+    ids[:32, 1] = 9  # exactly 2 blocks of 16
+    check_align(ids, 12, 16, pairs_per_program=64, one_launch=one_launch)
+
+
+def test_align_no_pairs():
+    """An empty batch: no rows in use (num_padded is written, not left as whatever the buffer held)."""
+    _, _, num_padded = align(torch.empty(0, 8, dtype=torch.int32, device=DEVICE), 128, 16)
+    assert num_padded.item() == 0
+
+
+@pytest.mark.parametrize("num_tokens, top_k, hidden", [(1, 1, 48), (5, 3, 1000), (33, 8, 2048)])
+def test_topk_sum_matches_torch(num_tokens, top_k, hidden):
+    """Each token's top_k rows summed: top_k not a power of two, hidden not a multiple of the column block
+    and more than one of them."""
+    pairs = torch.randn(num_tokens * top_k, hidden, generator=torch.Generator().manual_seed(top_k)).to(DEVICE, DTYPE)
+    want = pairs.float().view(num_tokens, top_k, hidden).sum(dim=1).to(DTYPE)
+    torch.testing.assert_close(topk_sum(pairs, top_k), want, rtol=TOL, atol=TOL)
