@@ -92,34 +92,38 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_xm, stri
 
 @triton.jit
 def _down_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, weights_ptr, out_ptr, N, K, stride_we, stride_wn,
-                 stride_se, stride_sn, stride_sk, TOP_K: tl.constexpr, PRECISION: tl.constexpr,
+                 stride_se, stride_sn, stride_sk, TOP_K: tl.constexpr, K_POW2: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_ROWS: tl.constexpr,
                  FP8: tl.constexpr, SCALE_ALONG_K: tl.constexpr, EMULATE: tl.constexpr):
     """out[token, n] = sum over the token's slots j of weights[j] * (act[pair j] . w2[expert j][n]), for one
-    BLOCK_N tile of n, the slots in order."""
+    BLOCK_N tile of n, the slots in order. One loop over (slot, K step), not a loop per slot: the compiler
+    pipelines its weight loads across experts (a loop per slot would wait for each expert's first tile)."""
     token, pid_n = tl.program_id(0).to(tl.int64), tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
     kk = tl.arange(0, BLOCK_K)
+    slots = tl.arange(0, K_POW2)
+    experts = tl.load(ids_ptr + token * TOP_K + slots, mask=slots < TOP_K, other=0).to(tl.int64)
+    routed = tl.load(weights_ptr + token * TOP_K + slots, mask=slots < TOP_K, other=0.0)
+    k_steps = tl.cdiv(K, BLOCK_K)
     out = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for j in range(TOP_K):
-        pair = token * TOP_K + j
-        expert = tl.load(ids_ptr + pair).to(tl.int64)
-        w_ptrs = w_ptr + expert * stride_we + n[:, None].to(tl.int64) * stride_wn + kk[None, :]
-        x_ptrs = act_ptr + pair * K + m[None, :] * K + kk[:, None]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for step in range(0, TOP_K * k_steps):
+        j = step // k_steps
+        k = (step - j * k_steps) * BLOCK_K
+        expert = tl.sum(tl.where(slots == j, experts, 0), axis=0)
+        w = tl.load(w_ptr + expert * stride_we + n[:, None].to(tl.int64) * stride_wn + (k + kk)[None, :],
+                    mask=(n[:, None] < N) & (k + kk < K)[None, :], other=0.0, eviction_policy="evict_first")
+        x_ptrs = act_ptr + (token * TOP_K + j) * K + m[None, :] * K + (k + kk)[:, None]
         s_expert = s_ptr + expert * stride_se
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
-            w = tl.load(w_ptrs, mask=(n[:, None] < N) & (k + kk < K)[None, :], other=0.0,
-                        eviction_policy="evict_first")
-            acc = _gemv_step(acc, w, x_ptrs, k, K, kk, m, n, pid_n, 1, N, K, s_expert, stride_sn, stride_sk,
-                             PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SCALE_ROWS, FP8, SCALE_ALONG_K, False, EMULATE)
-            w_ptrs += BLOCK_K
-            x_ptrs += BLOCK_K
-        y = tl.sum(acc, axis=1)
-        if FP8 and not SCALE_ALONG_K:
-            y *= tl.load(s_expert + n * stride_sn, mask=n < N, other=0.0)
-        out += tl.load(weights_ptr + pair) * y
+        acc = _gemv_step(acc, w, x_ptrs, k, K, kk, m, n, pid_n, 1, N, K, s_expert, stride_sn, stride_sk,
+                         PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SCALE_ROWS, FP8, SCALE_ALONG_K, False, EMULATE)
+        if k + BLOCK_K >= K:  # the slot's last step: add its weighted output
+            y = tl.sum(acc, axis=1)
+            if FP8 and not SCALE_ALONG_K:
+                y *= tl.load(s_expert + n * stride_sn, mask=n < N, other=0.0)
+            out += tl.sum(tl.where(slots == j, routed, 0.0), axis=0) * y
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     tl.store(out_ptr + token * N + n, out.to(out_ptr.dtype.element_ty), mask=n < N)
 
 
@@ -165,5 +169,5 @@ def moe_gemv(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torc
     s_ptr, *s_strides = scale_args(w2, s2)
     _down_kernel[(num_tokens, triton.cdiv(hidden, config.down_block_n))](
         act, w2, s_ptr, ids, weights, out, hidden, inter, w2.stride(0), w2.stride(1), *s_strides,
-        BLOCK_N=config.down_block_n, BLOCK_K=block_k(inter), **common)
+        K_POW2=triton.next_power_of_2(top_k), BLOCK_N=config.down_block_n, BLOCK_K=block_k(inter), **common)
     return out
