@@ -102,11 +102,12 @@ def candidates(num_tokens: int, fp8: bool) -> list[MoEConfig]:
 
 
 def small_candidates(fp8: bool) -> list[MoeGemvConfig]:
-    """Column tiles of the two GEMVs (at one token the down GEMV has H / down_block_n programs, 128 at 16)
-    and pipelining depth; BLOCK_K is the scale group for FP8, 128 or 256 for bf16."""
-    block_ks = (128,) if fp8 else (128, 256)
-    return [MoeGemvConfig(up, down, block_k, warps, stages) for up in (16, 32, 64) for down in (16, 32)
-            for block_k in block_ks for warps in (4,) for stages in (3, 4)]
+    """Column tiles of the two GEMVs, the down GEMV's slot groups (at one token it has H / down_block_n *
+    down_split programs) and pipelining depth; BLOCK_K is the scale group for FP8, 128 or 256 for bf16."""
+    downs = ((16, 1), (16, 2), (32, 2), (32, 4), (64, 4), (64, 8))
+    steps = ((128, 3), (128, 4)) if fp8 else ((128, 3), (256, 3))
+    return [MoeGemvConfig(up, down, split, block_k, 4, stages) for up in (16, 32, 64) for down, split in downs
+            for block_k, stages in steps]
 
 
 def make_tokens(num_tokens: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

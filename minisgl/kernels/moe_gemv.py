@@ -9,9 +9,11 @@ masked loads on the tensor cores; FP8 weights with x quantized per token and gro
 
 1. gate/up: one program per (pair, column tile of I): the pair's expert from ids, its token's row of x
    times the expert's gate and up rows, silu(gate) * up in float32 -> act [T * top_k, I] in x's dtype.
-2. down: one program per (token, column tile of H), looping over the token's top_k experts in slot order:
-   out[t] = sum_k weight_k * (act[t, k] @ w2[e_k].T), summed in float32 and rounded once; deterministic
-   (a fixed order, no atomics), and no separate sum over top_k.
+2. down: one program per (token, column tile of H, group of slots), looping over its share of the token's
+   top_k experts in slot order: out[t] = sum_k weight_k * (act[t, k] @ w2[e_k].T), summed in float32 and
+   rounded once. With several groups (more programs, more loads in flight at one token) the last group to
+   arrive adds the groups' float32 sums in group order, as the split-K GEMV does: deterministic (a fixed
+   order; the one atomic counts arrivals), and no separate sum over top_k.
 
 The same numbers as `experts_torch` up to the order of float32 sums (FP8: the same e4m3 activations, per
 token and 128-column group, as `fp8_linear_torch`). No host sync and no argument that changes with T (T
@@ -27,7 +29,7 @@ import triton
 import triton.language as tl
 
 from minisgl.kernels.fp8 import EMULATE, scale_strides
-from minisgl.kernels.gemv import BLOCK_M, _gemv_step
+from minisgl.kernels.gemv import BLOCK_M, COUNTER_SLOTS, _gemv_step, arrival_counters, last_to_arrive
 from minisgl.quantization import Fp8Config
 
 # The largest token count SparseMoE sends here (the fused MoE above it): set from `benchmarks/moe.py`.
@@ -36,11 +38,14 @@ SMALL_MOE_MAX_TOKENS = 4
 
 @dataclass(frozen=True)
 class MoeGemvConfig:
-    """Column tiles of the two kernels (narrow: at one token the down GEMV has H / down_block_n programs)
-    and the K step (FP8: the scale group)."""
+    """Column tiles of the two kernels and the K step (FP8: the scale group). At one token the gate/up GEMV
+    has top_k * I / up_block_n programs and the down GEMV H / down_block_n * down_split: narrow tiles and
+    split slots keep more weight loads in flight. The defaults are a guess until `benchmarks/moe.py
+    --small-sweep` measures them."""
 
     up_block_n: int = 32
-    down_block_n: int = 16
+    down_block_n: int = 32
+    down_split: int = 4  # slot groups of the down GEMV (a divisor of top_k, else 1), reduced in the launch
     block_k: int = 256
     num_warps: int = 4
     num_stages: int = 3
@@ -91,30 +96,36 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_xm, stri
 
 
 @triton.jit
-def _down_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, weights_ptr, out_ptr, N, K, stride_we, stride_wn,
-                 stride_se, stride_sn, stride_sk, TOP_K: tl.constexpr, K_POW2: tl.constexpr, PRECISION: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_ROWS: tl.constexpr,
-                 FP8: tl.constexpr, SCALE_ALONG_K: tl.constexpr, EMULATE: tl.constexpr):
+def _down_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, weights_ptr, out_ptr, partial_ptr, counter_ptr, N, K, stride_we,
+                 stride_wn, stride_se, stride_sn, stride_sk, TOP_K: tl.constexpr, K_POW2: tl.constexpr,
+                 SPLIT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, SCALE_ROWS: tl.constexpr, FP8: tl.constexpr, SCALE_ALONG_K: tl.constexpr,
+                 EMULATE: tl.constexpr):
     """out[token, n] = sum over the token's slots j of weights[j] * (act[pair j] . w2[expert j][n]), for one
     BLOCK_N tile of n, the slots in order. One loop over (slot, K step), not a loop per slot: the compiler
-    pipelines its weight loads across experts (a loop per slot would wait for each expert's first tile)."""
-    token, pid_n = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    pipelines its weight loads across experts (a loop per slot would wait for each expert's first tile).
+    SPLIT > 1: the slots are shared out in SPLIT groups (grid axis 2; more programs to keep the loads in flight
+    at one token); each group's float32 sum goes to partial [T, SPLIT, N] and the last group to arrive adds
+    them in group order."""
+    token, pid_n, group = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    SLOTS: tl.constexpr = TOP_K // SPLIT
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
     kk = tl.arange(0, BLOCK_K)
     slots = tl.arange(0, K_POW2)
-    experts = tl.load(ids_ptr + token * TOP_K + slots, mask=slots < TOP_K, other=0).to(tl.int64)
-    routed = tl.load(weights_ptr + token * TOP_K + slots, mask=slots < TOP_K, other=0.0)
+    first = token * TOP_K + group * SLOTS  # the group's first pair
+    experts = tl.load(ids_ptr + first + slots, mask=slots < SLOTS, other=0).to(tl.int64)
+    routed = tl.load(weights_ptr + first + slots, mask=slots < SLOTS, other=0.0)
     k_steps = tl.cdiv(K, BLOCK_K)
     out = tl.zeros((BLOCK_N,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for step in range(0, TOP_K * k_steps):
+    for step in range(0, SLOTS * k_steps):
         j = step // k_steps
         k = (step - j * k_steps) * BLOCK_K
         expert = tl.sum(tl.where(slots == j, experts, 0), axis=0)
         w = tl.load(w_ptr + expert * stride_we + n[:, None].to(tl.int64) * stride_wn + (k + kk)[None, :],
                     mask=(n[:, None] < N) & (k + kk < K)[None, :], other=0.0, eviction_policy="evict_first")
-        x_ptrs = act_ptr + (token * TOP_K + j) * K + m[None, :] * K + (k + kk)[:, None]
+        x_ptrs = act_ptr + (first + j) * K + m[None, :] * K + (k + kk)[:, None]
         s_expert = s_ptr + expert * stride_se
         acc = _gemv_step(acc, w, x_ptrs, k, K, kk, m, n, pid_n, 1, N, K, s_expert, stride_sn, stride_sk,
                          PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SCALE_ROWS, FP8, SCALE_ALONG_K, False, EMULATE)
@@ -124,7 +135,19 @@ def _down_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, weights_ptr, out_ptr, N, K, str
                 y *= tl.load(s_expert + n * stride_sn, mask=n < N, other=0.0)
             out += tl.sum(tl.where(slots == j, routed, 0.0), axis=0) * y
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    tl.store(out_ptr + token * N + n, out.to(out_ptr.dtype.element_ty), mask=n < N)
+    if SPLIT > 1:
+        tl.store(partial_ptr + (token * SPLIT + group) * N + n, out, mask=n < N)
+        counter = counter_ptr + token * tl.num_programs(1) + pid_n
+        last = last_to_arrive(counter, SPLIT)
+        if last:
+            out = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for g in range(SPLIT):  # group order, whichever group arrived last
+                out += tl.load(partial_ptr + (token * SPLIT + g) * N + n, mask=n < N, other=0.0, cache_modifier=".cg")
+            tl.store(counter, 0)
+    else:
+        last = True
+    if last:
+        tl.store(out_ptr + token * N + n, out.to(out_ptr.dtype.element_ty), mask=n < N)
 
 
 def moe_gemv(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
@@ -167,7 +190,15 @@ def moe_gemv(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torc
         x, w13, s_ptr, ids, act, inter, hidden, x.stride(0), w13.stride(0), w13.stride(1), *s_strides,
         BLOCK_N=config.up_block_n, BLOCK_K=block_k(hidden), **common)
     s_ptr, *s_strides = scale_args(w2, s2)
-    _down_kernel[(num_tokens, triton.cdiv(hidden, config.down_block_n))](
-        act, w2, s_ptr, ids, weights, out, hidden, inter, w2.stride(0), w2.stride(1), *s_strides,
-        K_POW2=triton.next_power_of_2(top_k), BLOCK_N=config.down_block_n, BLOCK_K=block_k(inter), **common)
+    split = config.down_split if top_k % config.down_split == 0 else 1
+    tiles = triton.cdiv(hidden, config.down_block_n)
+    partial, counters = out, out  # unused without a split
+    if split > 1:
+        assert num_tokens * tiles <= COUNTER_SLOTS, "moe_gemv: more down tiles than split-K counters"
+        partial = torch.empty(num_tokens, split, hidden, dtype=torch.float32, device=x.device)
+        counters = arrival_counters(x.device)
+    _down_kernel[(num_tokens, tiles, split)](
+        act, w2, s_ptr, ids, weights, out, partial, counters, hidden, inter, w2.stride(0), w2.stride(1), *s_strides,
+        K_POW2=triton.next_power_of_2(top_k), SPLIT=split, BLOCK_N=config.down_block_n, BLOCK_K=block_k(inter),
+        **common)
     return out

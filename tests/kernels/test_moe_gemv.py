@@ -24,6 +24,8 @@ EXPERTS = 8
 # Neither H nor I a multiple of the tiles: the masked K tail and the columns past N run too.
 HIDDEN, INTER = 200, 72
 TILES = MoeGemvConfig(up_block_n=16, down_block_n=32, block_k=64)
+# The down GEMV's slots in two groups, reduced by the last to arrive (top_k 3 falls back to one group).
+SPLIT_TILES = MoeGemvConfig(up_block_n=16, down_block_n=32, down_split=2, block_k=64)
 
 
 def make_experts(dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,7 +42,7 @@ def check(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, config: Moe
     torch.testing.assert_close(out, experts_torch(x, w13, w2, weights, ids), **TOL[x.dtype])
 
 
-@pytest.mark.parametrize("config", [TILES, None], ids=["small_tiles", "default_tiles"])
+@pytest.mark.parametrize("config", [TILES, SPLIT_TILES, None], ids=["small_tiles", "split_slots", "default_tiles"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("tokens, top_k", [(1, 2), (2, 4), (3, 3), (5, 2)])
 def test_moe_gemv_matches_reference(tokens, top_k, dtype, config):
@@ -63,11 +65,12 @@ def test_moe_gemv_tokens_share_experts(dtype):
 
 
 @pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
-@pytest.mark.parametrize("tokens, top_k", [(1, 4), (3, 2), (5, 3)])
-def test_moe_gemv_fp8_block128(tokens, top_k):
+@pytest.mark.parametrize("tokens, top_k, split", [(1, 4, 1), (1, 4, 4), (3, 2, 2), (5, 3, 1)])
+def test_moe_gemv_fp8_block128(tokens, top_k, split):
     """e4m3 experts in 128 x 128 blocks (Qwen3-30B-A3B-FP8's layout) at H 256, I 128: x and the activation
-    quantized per token and 128-column group, as `fp8_linear_torch` does."""
-    check_experts(tokens, EXPERTS, top_k, 256, 128, BLOCK128, None, kernel=moe_gemv)
+    quantized per token and 128-column group, as `fp8_linear_torch` does; the down GEMV's slots in `split`
+    groups."""
+    check_experts(tokens, EXPERTS, top_k, 256, 128, BLOCK128, MoeGemvConfig(down_split=split), kernel=moe_gemv)
 
 
 @pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
