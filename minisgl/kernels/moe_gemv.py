@@ -98,17 +98,16 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_xm, stri
 @triton.jit
 def _down_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, weights_ptr, out_ptr, partial_ptr, counter_ptr, N, K, stride_we,
                  stride_wn, stride_se, stride_sn, stride_sk, TOP_K: tl.constexpr, K_POW2: tl.constexpr,
-                 SPLIT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, SCALE_ROWS: tl.constexpr, FP8: tl.constexpr, SCALE_ALONG_K: tl.constexpr,
-                 EMULATE: tl.constexpr):
+                 SPLIT: tl.constexpr, SLOTS: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_ROWS: tl.constexpr, FP8: tl.constexpr,
+                 SCALE_ALONG_K: tl.constexpr, EMULATE: tl.constexpr):
     """out[token, n] = sum over the token's slots j of weights[j] * (act[pair j] . w2[expert j][n]), for one
     BLOCK_N tile of n, the slots in order. One loop over (slot, K step), not a loop per slot: the compiler
     pipelines its weight loads across experts (a loop per slot would wait for each expert's first tile).
-    SPLIT > 1: the slots are shared out in SPLIT groups (grid axis 2; more programs to keep the loads in flight
-    at one token); each group's float32 sum goes to partial [T, SPLIT, N] and the last group to arrive adds
-    them in group order."""
+    SPLIT > 1: the slots are shared out in SPLIT groups of SLOTS (grid axis 2; more programs keep more loads
+    in flight at one token); each group's float32 sum goes to partial [T, SPLIT, N] and the last group to
+    arrive adds them in group order."""
     token, pid_n, group = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
-    SLOTS: tl.constexpr = TOP_K // SPLIT
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
     kk = tl.arange(0, BLOCK_K)
@@ -199,6 +198,6 @@ def moe_gemv(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torc
         counters = arrival_counters(x.device)
     _down_kernel[(num_tokens, tiles, split)](
         act, w2, s_ptr, ids, weights, out, partial, counters, hidden, inter, w2.stride(0), w2.stride(1), *s_strides,
-        K_POW2=triton.next_power_of_2(top_k), SPLIT=split, BLOCK_N=config.down_block_n, BLOCK_K=block_k(inter),
-        **common)
+        K_POW2=triton.next_power_of_2(top_k), SPLIT=split, SLOTS=top_k // split, BLOCK_N=config.down_block_n,
+        BLOCK_K=block_k(inter), **common)
     return out
