@@ -103,11 +103,15 @@ def candidates(num_tokens: int, fp8: bool) -> list[MoEConfig]:
 
 def small_candidates(fp8: bool) -> list[MoeGemvConfig]:
     """Column tiles of the two GEMVs, the down GEMV's slot groups (at one token it has H / down_block_n *
-    down_split programs) and pipelining depth; BLOCK_K is the scale group for FP8, 128 or 256 for bf16."""
-    downs = ((16, 1), (16, 2), (32, 2), (32, 4), (64, 4), (64, 8))
-    steps = ((128, 3), (128, 4)) if fp8 else ((128, 3), (256, 3))
-    return [MoeGemvConfig(up, down, split, block_k, 4, stages) for up in (16, 32, 64) for down, split in downs
-            for block_k, stages in steps]
+    down_split programs) and whether the next weight tile loads during this step's dot (prefetch: more
+    registers, twice the loads in flight); BLOCK_K is the scale group for FP8, 128 or 256 for bf16. Tiles
+    that spill registers on sm_90 (64-row down tiles; 64-row bf16 gate/up tiles) are left out; num_stages
+    changes nothing (ptxas output identical: the weight tiles go straight to registers, not through shared
+    memory)."""
+    downs = ((16, 1), (16, 2), (16, 4), (32, 2), (32, 4), (32, 8))
+    ups, block_ks = ((16, 32, 64), (128,)) if fp8 else ((16, 32), (128, 256))
+    return [MoeGemvConfig(up, down, split, block_k, prefetch) for up in ups for down, split in downs
+            for block_k in block_ks for prefetch in (True, False)]
 
 
 def make_tokens(num_tokens: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

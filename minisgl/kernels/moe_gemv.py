@@ -47,6 +47,7 @@ class MoeGemvConfig:
     down_block_n: int = 32
     down_split: int = 4  # slot groups of the down GEMV (a divisor of top_k, else 1), reduced in the launch
     block_k: int = 256
+    prefetch: bool = True  # load the next step's weight tile before this step's dot: two in flight a program
     num_warps: int = 4
     num_stages: int = 3
 
@@ -57,10 +58,29 @@ def use_moe_gemv(num_tokens: int) -> bool:
 
 
 @triton.jit
+def _weight_tile(ptrs, rows_ok, cols_ok):
+    """One [BLOCK_N, BLOCK_K] weight tile (zeros outside the rows and columns that are ok), read once:
+    evicted first, so that the activations stay in the caches."""
+    return tl.load(ptrs, mask=rows_ok[:, None] & cols_ok[None, :], other=0.0, eviction_policy="evict_first")
+
+
+@triton.jit
+def _down_tile(w_ptr, experts, slots, step, steps, k_steps, n, kk, N, K, stride_we, stride_wn,
+               BLOCK_K: tl.constexpr):
+    """The down GEMV's weight tile of `step` (slot step // k_steps, K step step % k_steps); zeros past the
+    last step."""
+    j = step // k_steps
+    k = (step - j * k_steps) * BLOCK_K
+    expert = tl.sum(tl.where(slots == j, experts, 0), axis=0)
+    ptrs = w_ptr + expert * stride_we + n[:, None].to(tl.int64) * stride_wn + (k + kk)[None, :]
+    return _weight_tile(ptrs, n < N, k + kk < tl.where(step < steps, K, 0))
+
+
+@triton.jit
 def _gate_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_xm, stride_we, stride_wn,
                     stride_se, stride_sn, stride_sk, TOP_K: tl.constexpr, PRECISION: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_ROWS: tl.constexpr,
-                    FP8: tl.constexpr, SCALE_ALONG_K: tl.constexpr, EMULATE: tl.constexpr):
+                    FP8: tl.constexpr, SCALE_ALONG_K: tl.constexpr, PREFETCH: tl.constexpr, EMULATE: tl.constexpr):
     """act[pair, n] = silu(x[token] . gate[n]) * (x[token] . up[n]) for one BLOCK_N tile of n; the expert's
     w13 holds N gate rows then N up rows (scales likewise: N is a multiple of SCALE_ROWS)."""
     pair, pid_n = tl.program_id(0), tl.program_id(1)
@@ -75,14 +95,22 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_xm, stri
     s_up = s_gate + N // SCALE_ROWS * stride_sn
     acc_gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    if PREFETCH:
+        gate = _weight_tile(gate_ptrs, n < N, kk < K)
+        up = _weight_tile(up_ptrs, n < N, kk < K)
     for k in range(0, K, BLOCK_K):
-        mask = (n[:, None] < N) & (k + kk < K)[None, :]
-        gate = tl.load(gate_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
-        up = tl.load(up_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+        if PREFETCH:  # the next step's tiles load while this step's dots run
+            gate_next = _weight_tile(gate_ptrs + BLOCK_K, n < N, k + BLOCK_K + kk < K)
+            up_next = _weight_tile(up_ptrs + BLOCK_K, n < N, k + BLOCK_K + kk < K)
+        else:
+            gate = _weight_tile(gate_ptrs, n < N, k + kk < K)
+            up = _weight_tile(up_ptrs, n < N, k + kk < K)
         acc_gate = _gemv_step(acc_gate, gate, x_ptrs, k, K, kk, m, n, pid_n, 1, N, K, s_gate, stride_sn, stride_sk,
                               PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SCALE_ROWS, FP8, SCALE_ALONG_K, False, EMULATE)
         acc_up = _gemv_step(acc_up, up, x_ptrs, k, K, kk, m, n, pid_n, 1, N, K, s_up, stride_sn, stride_sk,
                             PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SCALE_ROWS, FP8, SCALE_ALONG_K, False, EMULATE)
+        if PREFETCH:
+            gate, up = gate_next, up_next
         gate_ptrs += BLOCK_K
         up_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
@@ -100,7 +128,7 @@ def _down_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, weights_ptr, out_ptr, partial_p
                  stride_wn, stride_se, stride_sn, stride_sk, TOP_K: tl.constexpr, K_POW2: tl.constexpr,
                  SPLIT: tl.constexpr, SLOTS: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_ROWS: tl.constexpr, FP8: tl.constexpr,
-                 SCALE_ALONG_K: tl.constexpr, EMULATE: tl.constexpr):
+                 SCALE_ALONG_K: tl.constexpr, PREFETCH: tl.constexpr, EMULATE: tl.constexpr):
     """out[token, n] = sum over the token's slots j of weights[j] * (act[pair j] . w2[expert j][n]), for one
     BLOCK_N tile of n, the slots in order. One loop over (slot, K step), not a loop per slot: the compiler
     pipelines its weight loads across experts (a loop per slot would wait for each expert's first tile).
@@ -118,12 +146,18 @@ def _down_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, weights_ptr, out_ptr, partial_p
     k_steps = tl.cdiv(K, BLOCK_K)
     out = tl.zeros((BLOCK_N,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for step in range(0, SLOTS * k_steps):
+    steps = SLOTS * k_steps
+    if PREFETCH:
+        w = _down_tile(w_ptr, experts, slots, 0, steps, k_steps, n, kk, N, K, stride_we, stride_wn, BLOCK_K)
+    for step in range(0, steps):
+        if PREFETCH:  # the next step's tile loads while this step's dot runs
+            w_next = _down_tile(w_ptr, experts, slots, step + 1, steps, k_steps, n, kk, N, K, stride_we, stride_wn,
+                                BLOCK_K)
+        else:
+            w = _down_tile(w_ptr, experts, slots, step, steps, k_steps, n, kk, N, K, stride_we, stride_wn, BLOCK_K)
         j = step // k_steps
         k = (step - j * k_steps) * BLOCK_K
         expert = tl.sum(tl.where(slots == j, experts, 0), axis=0)
-        w = tl.load(w_ptr + expert * stride_we + n[:, None].to(tl.int64) * stride_wn + (k + kk)[None, :],
-                    mask=(n[:, None] < N) & (k + kk < K)[None, :], other=0.0, eviction_policy="evict_first")
         x_ptrs = act_ptr + (first + j) * K + m[None, :] * K + (k + kk)[:, None]
         s_expert = s_ptr + expert * stride_se
         acc = _gemv_step(acc, w, x_ptrs, k, K, kk, m, n, pid_n, 1, N, K, s_expert, stride_sn, stride_sk,
@@ -134,6 +168,8 @@ def _down_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, weights_ptr, out_ptr, partial_p
                 y *= tl.load(s_expert + n * stride_sn, mask=n < N, other=0.0)
             out += tl.sum(tl.where(slots == j, routed, 0.0), axis=0) * y
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        if PREFETCH:
+            w = w_next
     if SPLIT > 1:
         tl.store(partial_ptr + (token * SPLIT + group) * N + n, out, mask=n < N)
         counter = counter_ptr + token * tl.num_programs(1) + pid_n
@@ -171,7 +207,7 @@ def moe_gemv(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torc
         return out
     common = dict(TOP_K=top_k, PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=BLOCK_M,
                   SCALE_ROWS=fp8.scale_rows if fp8 else 1, FP8=fp8 is not None,
-                  SCALE_ALONG_K=fp8 is not None and fp8.block is not None, EMULATE=EMULATE,
+                  SCALE_ALONG_K=fp8 is not None and fp8.block is not None, PREFETCH=config.prefetch, EMULATE=EMULATE,
                   num_warps=config.num_warps, num_stages=config.num_stages)
 
     def block_k(k: int) -> int:
