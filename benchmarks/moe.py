@@ -9,7 +9,7 @@ TP 1 and 384 at TP 2): correctness against the torch reference, then times per t
     python benchmarks/moe.py --fp8 --sweep --write --inter 768   # FP8 candidates (x quantized by its own
                                                # launch or in the tiles); rewrites FP8_CONFIGS' rows for
                                                # the I_local swept (--write without --fp8: CONFIGS)
-    python benchmarks/moe.py --fp8 --inter 768 --small-sweep  # also tiles of the few-token GEMVs
+    python benchmarks/moe.py --fp8 --inter 768 --small-sweep --tokens 1 2 4 8 16  # tiles of the few-token GEMVs
 
 Up to SMALL_TOKENS tokens the few-token path (`minisgl.kernels.moe_gemv`: two GEMV launches, no align) is
 timed beside the fused MoE (small_ms, and small / fused); SparseMoE takes it up to SMALL_MOE_MAX_TOKENS.
@@ -144,7 +144,8 @@ def time_fused(experts: Experts, routings: list[tuple], config: MoEConfig | MoeG
 
 
 def bench(experts: Experts, baseline: Experts | None, sweep: bool, align_sweep: bool, small_sweep: bool,
-          gen: torch.Generator) -> tuple[list[tuple[int, MoEConfig]], list[tuple[int, float, float, float, float]]]:
+          tokens: list[int], gen: torch.Generator
+          ) -> tuple[list[tuple[int, MoEConfig]], list[tuple[int, float, float, float, float]]]:
     """Times per token count; `baseline` (bf16 experts, for --fp8) is timed beside with its own table.
     Returns the sweep's best config per token count, and (tokens, baseline ms, table ms, best ms, few-token
     GEMVs ms) rows."""
@@ -154,7 +155,7 @@ def bench(experts: Experts, baseline: Experts | None, sweep: bool, align_sweep: 
           + f" {'align_ms':>9} {'route_ms':>9} {'route_torch':>11} {'torch_ms':>9}"
           + (f" {'best_ms':>8}  best config" if sweep else ""))
     best_rows, summary = [], []
-    for num_tokens in TOKENS:
+    for num_tokens in tokens:
         routings = [make_tokens(num_tokens, gen) for _ in range(ROUTINGS)]
         x, weights, ids = routings[0]
         config = pick_config(num_tokens, TOP_K, experts.w13)
@@ -217,6 +218,7 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="with --sweep: rewrite the table's swept entries")
     parser.add_argument("--align-sweep", action="store_true", help="time align at other pairs per program")
     parser.add_argument("--small-sweep", action="store_true", help="try tiles of the few-token GEMVs (T <= 8)")
+    parser.add_argument("--tokens", type=int, nargs="+", default=TOKENS, help="token counts to time")
     parser.add_argument("--inter", type=int, nargs="+", default=[768, 384], help="I_local (768: TP 1, 384: TP 2)")
     args = parser.parse_args()
     name = "FP8_CONFIGS" if args.fp8 else "CONFIGS"
@@ -231,7 +233,7 @@ def main() -> None:
             experts = Experts(inter, args.fp8, gen)
             check(experts, gen)
             baseline = Experts(inter, False, gen) if args.fp8 else None
-            best_rows, rows = bench(experts, baseline, args.sweep, args.align_sweep, args.small_sweep, gen)
+            best_rows, rows = bench(experts, baseline, args.sweep, args.align_sweep, args.small_sweep, args.tokens, gen)
             summary += [(inter, *row) for row in rows]
             if args.sweep:
                 swept[(EXPERTS, inter, HIDDEN)] = best_rows

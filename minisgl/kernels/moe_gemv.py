@@ -22,6 +22,7 @@ is the grid's first dimension), so it is captured in CUDA graphs and compiles on
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +34,8 @@ from minisgl.kernels.gemv import BLOCK_M, COUNTER_SLOTS, _gemv_step, arrival_cou
 from minisgl.quantization import Fp8Config
 
 # The largest token count SparseMoE sends here (the fused MoE above it): set from `benchmarks/moe.py`.
-SMALL_MOE_MAX_TOKENS = 4
+# MINISGL_SMALL_MOE_MAX_TOKENS overrides it (0: never), for A/B runs of whole models.
+SMALL_MOE_MAX_TOKENS = int(os.environ.get("MINISGL_SMALL_MOE_MAX_TOKENS", "4"))
 
 
 @dataclass(frozen=True)
