@@ -9,6 +9,10 @@ TP 1 and 384 at TP 2): correctness against the torch reference, then times per t
     python benchmarks/moe.py --fp8 --sweep --write --inter 768   # FP8 candidates (x quantized by its own
                                                # launch or in the tiles); rewrites FP8_CONFIGS' rows for
                                                # the I_local swept (--write without --fp8: CONFIGS)
+    python benchmarks/moe.py --fp8 --inter 768 --small-sweep --tokens 1 2 4 8 16  # tiles of the few-token GEMVs
+
+Up to SMALL_TOKENS tokens the few-token path (`minisgl.kernels.moe_gemv`: two GEMV launches, no align) is
+timed beside the fused MoE (small_ms, and small / fused); SparseMoE takes it up to SMALL_MOE_MAX_TOKENS.
 
 Times are CUDA-graph replays (as the decode step runs), in ms per MoE layer; consecutive calls take other
 routings of the same token count (ROUTINGS of them), so that a small batch's experts are not still in the L2
@@ -40,6 +44,7 @@ from triton.testing import do_bench, do_bench_cudagraph
 
 from minisgl.kernels import fused_moe
 from minisgl.kernels.fused_moe import MoEConfig, align, fused_experts, pick_config, route_fused, topk_sum
+from minisgl.kernels.moe_gemv import MoeGemvConfig, moe_gemv
 from minisgl.layers.fp8 import quantize_weight
 from minisgl.layers.moe import experts_torch, route
 from minisgl.quantization import Fp8Config
@@ -50,6 +55,7 @@ TORCH_MAX_TOKENS = 16
 CHECK_TOKENS = (1, 64, 1024)
 CHECK_MAX_TOKENS = 1024  # the sweep checks its winner against the reference up to here
 ROUTINGS = 8
+SMALL_TOKENS = 8  # the few-token GEMVs are timed up to here
 BLOCK = Fp8Config(block=(128, 128))
 
 
@@ -70,9 +76,11 @@ class Experts:
         tensors = (self.w13, self.w2) + (self.scales or ())
         return sum(t.nbytes for t in tensors) // EXPERTS
 
-    def run(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, config: MoEConfig | None = None,
-            reference: bool = False) -> torch.Tensor:
-        fn = experts_torch if reference else lambda *args, **kw: fused_experts(*args, config=config, **kw)
+    def run(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+            config: MoEConfig | MoeGemvConfig | None = None, reference: bool = False) -> torch.Tensor:
+        """fused_experts with a MoEConfig (or the table's), moe_gemv with a MoeGemvConfig, or the reference."""
+        kernel = moe_gemv if isinstance(config, MoeGemvConfig) else fused_experts
+        fn = experts_torch if reference else lambda *args, **kw: kernel(*args, config=config, **kw)
         return fn(x, self.w13, self.w2, weights, ids, scales=self.scales, fp8=self.fp8)
 
 
@@ -103,6 +111,19 @@ def candidates(num_tokens: int, fp8: bool) -> list[MoEConfig]:
     return [MoEConfig(block_m, *tile) for block_m in block_ms for tile in tiles]
 
 
+def small_candidates(fp8: bool) -> list[MoeGemvConfig]:
+    """Column tiles of the two GEMVs, the down GEMV's slot groups (at one token it has H / down_block_n *
+    down_split programs) and whether the next weight tile loads during this step's dot (prefetch: more
+    registers, twice the loads in flight); BLOCK_K is the scale group for FP8, 128 or 256 for bf16. Tiles
+    that spill registers on sm_90 (64-row down tiles; 64-row bf16 gate/up tiles) are left out; num_stages
+    changes nothing (ptxas output identical: the weight tiles go straight to registers, not through shared
+    memory)."""
+    downs = ((16, 1), (16, 2), (16, 4), (32, 2), (32, 4), (32, 8))
+    ups, block_ks = ((16, 32, 64), (128,)) if fp8 else ((16, 32), (128, 256))
+    return [MoeGemvConfig(up, down, split, block_k, prefetch) for up in ups for down, split in downs
+            for block_k in block_ks for prefetch in (True, False)]
+
+
 def make_tokens(num_tokens: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x, routing weights, expert ids (random router logits)."""
     x = torch.randn(num_tokens, HIDDEN, device="cuda", generator=gen).bfloat16()
@@ -121,33 +142,46 @@ def check(experts: Experts, gen: torch.Generator) -> None:
         err = error(experts, make_tokens(num_tokens, gen))
         print(f"check T={num_tokens}: max error / max |ref| = {err:.2e}")
         assert err < 3e-2, "fused_experts disagrees with experts_torch"
+    for num_tokens in (1, SMALL_TOKENS):
+        err = error(experts, make_tokens(num_tokens, gen), MoeGemvConfig())
+        print(f"check moe_gemv T={num_tokens}: max error / max |ref| = {err:.2e}")
+        assert err < 3e-2, "moe_gemv disagrees with experts_torch"
 
 
-def time_fused(experts: Experts, routings: list[tuple], config: MoEConfig) -> float:
+def time_fused(experts: Experts, routings: list[tuple], config: MoEConfig | MoeGemvConfig) -> float:
     cycle = itertools.cycle(routings)
     return do_bench_cudagraph(lambda: experts.run(*next(cycle), config), rep=20)
 
 
-def bench(experts: Experts, baseline: Experts | None, sweep: bool, gen: torch.Generator
-          ) -> tuple[list[tuple[int, MoEConfig]], list[tuple[int, float, float, float]]]:
+def bench(experts: Experts, baseline: Experts | None, sweep: bool, small_sweep: bool, tokens: list[int],
+          gen: torch.Generator) -> tuple[list[tuple[int, MoEConfig]], list[tuple[int, float, float, float, float]]]:
     """Times per token count; `baseline` (bf16 experts, for --fp8) is timed beside with its own table.
-    Returns the sweep's best config per token count, and (tokens, baseline ms, table ms, best ms) rows."""
+    Returns the sweep's best config per token count, and (tokens, baseline ms, table ms, best ms, few-token
+    GEMVs ms) rows."""
     fp8 = experts.fp8 is not None
     print(f"{'tokens':>7} {'fused_ms':>9} {'GB/s':>6}" + (f" {'bf16_ms':>8} {'ratio':>6}" if baseline else "")
+          + f" {'small_ms':>9} {'small/fused':>11}" + (f" {'bf16_small':>10}" if baseline else "")
           + f" {'align_ms':>9} {'route_ms':>9} {'route_torch':>11} {'torch_ms':>9}"
           + (f" {'best_ms':>8}  best config" if sweep else ""))
     best_rows, summary = [], []
-    for num_tokens in TOKENS:
+    for num_tokens in tokens:
         routings = [make_tokens(num_tokens, gen) for _ in range(ROUTINGS)]
         x, weights, ids = routings[0]
         config = pick_config(num_tokens, TOP_K, experts.w13)
         fused = time_fused(experts, routings, config)
         read = sum(r[2].unique().numel() for r in routings) / ROUTINGS * experts.bytes_per_expert()
         line = f"{num_tokens:>7} {fused:>9.4f} {read / fused / 1e6:>6.0f}"
-        base = best_ms = float("nan")
+        base = best_ms = small = float("nan")
         if baseline:
             base = time_fused(baseline, routings, pick_config(num_tokens, TOP_K, baseline.w13))
             line += f" {base:>8.4f} {fused / base:>6.2f}"
+        if num_tokens <= SMALL_TOKENS:
+            small = time_fused(experts, routings, MoeGemvConfig())
+            line += f" {small:>9.4f} {small / fused:>11.2f}"
+            if baseline:
+                line += f" {time_fused(baseline, routings, MoeGemvConfig()):>10.4f}"
+        else:
+            line += f" {'':>9} {'':>11}" + (f" {'':>10}" if baseline else "")
         aligned = do_bench_cudagraph(lambda: align(ids, EXPERTS, config.block_m), rep=20)
         logits = torch.randn(num_tokens, EXPERTS, device="cuda", generator=gen).bfloat16()
         routed = [do_bench_cudagraph(lambda: fn(logits, TOP_K, True), rep=20) for fn in (route_fused, route)]
@@ -162,9 +196,15 @@ def bench(experts: Experts, baseline: Experts | None, sweep: bool, gen: torch.Ge
             best_rows.append((num_tokens, best))
             line += f" {best_ms:>8.4f}  {best}"
         print(line, flush=True)
-        summary.append((num_tokens, base, fused, best_ms))
+        if small_sweep and num_tokens <= SMALL_TOKENS:
+            timed = sorted(((time_fused(experts, routings, c), c) for c in small_candidates(fp8)), key=lambda t: t[0])
+            for ms, c in timed[:3]:
+                assert error(experts, routings[0], c) < 3e-2, f"{c} disagrees with experts_torch"
+                print(f"{'':>7} small sweep: {ms:.4f} ms {c}", flush=True)
+        summary.append((num_tokens, base, fused, best_ms, small))
         if num_tokens == 1:
-            print(f"{'':>7} batch-1 decode: {fused * LAYERS:.2f} ms per token in the {LAYERS} MoE layers")
+            print(f"{'':>7} batch-1 decode: {fused * LAYERS:.2f} ms per token in the {LAYERS} MoE layers "
+                  f"(few-token GEMVs: {small * LAYERS:.2f})")
     return best_rows, summary
 
 
@@ -241,6 +281,8 @@ def main() -> None:
     parser.add_argument("--align-sweep", action="store_true",
                         help="time only align (at several splits) and the top-k sum")
     parser.add_argument("--align-baseline", metavar="FILE", help="with --align-sweep: a fused_moe.py to time beside")
+    parser.add_argument("--small-sweep", action="store_true", help="try tiles of the few-token GEMVs (T <= 8)")
+    parser.add_argument("--tokens", type=int, nargs="+", default=TOKENS, help="token counts to time")
     parser.add_argument("--inter", type=int, nargs="+", default=[768, 384], help="I_local (768: TP 1, 384: TP 2)")
     args = parser.parse_args()
     name = "FP8_CONFIGS" if args.fp8 else "CONFIGS"
@@ -251,7 +293,7 @@ def main() -> None:
             align_sweep(gen, args.align_baseline)
         return
     swept: dict[tuple[int, int, int], list[tuple[int, MoEConfig]]] = {}
-    summary: list[tuple[int, int, float, float, float]] = []
+    summary: list[tuple[int, int, float, float, float, float]] = []
     with torch.inference_mode():
         for inter in args.inter:
             print(f"\nE={EXPERTS} top_k={TOP_K} H={HIDDEN} I_local={inter} " + ("FP8 (e4m3, 128 x 128)" if args.fp8
@@ -259,7 +301,7 @@ def main() -> None:
             experts = Experts(inter, args.fp8, gen)
             check(experts, gen)
             baseline = Experts(inter, False, gen) if args.fp8 else None
-            best_rows, rows = bench(experts, baseline, args.sweep, gen)
+            best_rows, rows = bench(experts, baseline, args.sweep, args.small_sweep, args.tokens, gen)
             summary += [(inter, *row) for row in rows]
             if args.sweep:
                 swept[(EXPERTS, inter, HIDDEN)] = best_rows
@@ -275,10 +317,11 @@ def main() -> None:
             print(f"rewrote {name} in {fused_moe.__file__}")
     if args.fp8:
         print(f"\n== ms per MoE layer, {torch.cuda.get_device_name()} (FP8: FP8_CONFIGS as run; best: the sweep's)")
-        print("| I_local | tokens | bf16 | FP8 | FP8 best | FP8 / bf16 | best / bf16 |\n|---|---|---|---|---|---|---|")
-        for inter, tokens, base, fused, best in summary:
-            print(f"| {inter} | {tokens} | {base:.4f} | {fused:.4f} | {best:.4f} | {fused / base:.2f} "
-                  f"| {best / base:.2f} |")
+        print("| I_local | tokens | bf16 | FP8 | FP8 best | FP8 few-token | FP8 / bf16 | best / bf16 "
+              "| few-token / FP8 |\n|---|---|---|---|---|---|---|---|---|")
+        for inter, tokens, base, fused, best, small in summary:
+            print(f"| {inter} | {tokens} | {base:.4f} | {fused:.4f} | {best:.4f} | {small:.4f} | {fused / base:.2f} "
+                  f"| {best / base:.2f} | {small / fused:.2f} |")
 
 if __name__ == "__main__":
     main()

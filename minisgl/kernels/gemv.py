@@ -79,6 +79,16 @@ def _gemv_step(acc, w, x_ptrs, k, k_stop, kk, m, n, pid_n, M, N, K, s_ptr, strid
 
 
 @triton.jit
+def last_to_arrive(counter_ptr, count):
+    """After this program wrote its partial: whether it is the last of the `count` programs that count their
+    arrival on counter_ptr (that one then reduces the partials, loading them with .cg, and sets the counter
+    back to zero)."""
+    tl.debug_barrier()  # every thread's partial is written before the (one-thread) release below
+    arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    return arrived == count - 1
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, M, N, K, k_per_split, split_k,
                  stride_xm, stride_wn, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -119,9 +129,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr, M, N
     in_tile = (n[:, None] < N) & (m[None, :] < M)
     if SPLIT:
         tl.store(partial_ptr + pid_k * M * N + tile, acc, mask=in_tile)
-        tl.debug_barrier()  # every thread's partial is written before the (one-thread) release below
-        arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        last = arrived == split_k - 1
+        last = last_to_arrive(counter_ptr + pid_n, split_k)
         if last:
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             for s in range(split_k):  # slice order, whichever slice arrived last

@@ -2,12 +2,15 @@
 
 Experts are tensor-parallel along their intermediate dimension: every rank holds a slice of every
 expert, and the partial outputs are all-reduced, exactly as a row-parallel MLP. On CUDA the experts run
-in the fused Triton kernel (`minisgl.kernels.fused_moe`); `experts_torch` is its reference and the path
+in the fused Triton kernel (`minisgl.kernels.fused_moe`), or for a few tokens (decode) in two GEMV launches
+without its align step (`minisgl.kernels.moe_gemv`); `experts_torch` is their reference and the path
 everywhere else. FP8 experts (an `Fp8Config`) keep e4m3 weights with `w13_scale_inv`/`w2_scale_inv`,
 laid out as a linear layer's `weight_scale_inv` with a leading expert dimension.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -21,8 +24,9 @@ from minisgl.quantization import Fp8Config
 
 try:
     from minisgl.kernels.fused_moe import fused_experts, route_fused
+    from minisgl.kernels.moe_gemv import moe_gemv, use_moe_gemv
 except ImportError:  # no Triton: the torch path everywhere
-    fused_experts = route_fused = None
+    fused_experts = route_fused = moe_gemv = use_moe_gemv = None
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -32,6 +36,14 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[t
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, ids
+
+
+def pick_experts(num_tokens: int, on_gpu: bool) -> Callable[..., torch.Tensor]:
+    """The expert computation for a batch of num_tokens: `experts_torch` off the GPU (or without Triton),
+    else the few-token GEMVs up to `SMALL_MOE_MAX_TOKENS`, else the fused MoE. All take the same arguments."""
+    if not on_gpu or fused_experts is None:
+        return experts_torch
+    return moe_gemv if use_moe_gemv(num_tokens) else fused_experts
 
 
 def experts_torch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
@@ -101,5 +113,5 @@ class SparseMoE(nn.Module):
         fused = x.is_cuda and fused_experts is not None
         weights, ids = (route_fused if fused else route)(self.gate(x), self.top_k, self.renormalize)
         scales = (self.w13_scale_inv, self.w2_scale_inv) if self.quant else None
-        experts = fused_experts if fused else experts_torch
+        experts = pick_experts(x.shape[0], fused)
         return self.tp.all_reduce(experts(x, self.w13, self.w2, weights, ids, scales=scales, fp8=self.quant))

@@ -9,6 +9,7 @@ bfloat16, at qwen3-8b's and qwen3-30b-a3b's shapes with 128 x 128 blocks, with t
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -138,9 +139,11 @@ def test_fp8_experts_take_the_fp8_table():
 
 
 def check_experts(tokens: int, experts: int, top_k: int, hidden: int, inter: int, config: Fp8Config,
-                  tiles: MoEConfig | None, dtype: torch.dtype = DTYPE, flips: int = 0) -> None:
-    """`flips`: outputs allowed past TOL (within 5x its atol), for an activation moved to its neighbouring e4m3
-    value by the GPU's approximate division (see TOL)."""
+                  tiles: MoEConfig | None, dtype: torch.dtype = DTYPE, flips: int = 0,
+                  kernel: Callable[..., torch.Tensor] = fused_experts) -> None:
+    """`kernel` (`fused_experts`, or `moe_gemv` with tiles None) against `experts_torch`. `flips`: outputs allowed
+    past TOL (within 5x its atol), for an activation moved to its neighbouring e4m3 value by the GPU's
+    approximate division (see TOL)."""
     gen = torch.Generator(device=DEVICE).manual_seed(tokens)
     x = torch.randn(tokens, hidden, generator=gen, device=DEVICE).to(dtype)
     w13, s13 = zip(*(quantize_weight(torch.randn(2 * inter, hidden, generator=gen, device=DEVICE) / hidden**0.5,
@@ -149,7 +152,7 @@ def check_experts(tokens: int, experts: int, top_k: int, hidden: int, inter: int
                    for _ in range(experts)))
     w13, s13, w2, s2 = (torch.stack(t) for t in (w13, s13, w2, s2))
     weights, ids = route(torch.randn(tokens, experts, generator=gen, device=DEVICE), top_k, True)
-    out = fused_experts(x, w13, w2, weights, ids.to(torch.int32), tiles, scales=(s13, s2), fp8=config)
+    out = kernel(x, w13, w2, weights, ids.to(torch.int32), tiles, scales=(s13, s2), fp8=config)
     ref = experts_torch(x, w13, w2, weights, ids, scales=(s13, s2), fp8=config)
     out, ref = out.float().cpu(), ref.float().cpu()
     if flips:
