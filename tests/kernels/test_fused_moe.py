@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import DEVICE
 
-from minisgl.kernels.fused_moe import MoEConfig, align, fused_experts, route_fused, topk_sum
+from minisgl.kernels.fused_moe import MoEConfig, align, fused_experts, route_fused
 from minisgl.layers.moe import experts_torch, route
 
 ON_GPU = DEVICE == "cuda"
@@ -154,12 +154,3 @@ def test_align_no_pairs():
     """An empty batch: no rows in use (num_padded is written, not left as whatever the buffer held)."""
     _, _, num_padded = align(torch.empty(0, 8, dtype=torch.int32, device=DEVICE), 128, 16)
     assert num_padded.item() == 0
-
-
-@pytest.mark.parametrize("num_tokens, top_k, hidden", [(1, 1, 48), (5, 3, 1000), (33, 8, 2048)])
-def test_topk_sum_matches_torch(num_tokens, top_k, hidden):
-    """Each token's top_k rows summed: top_k not a power of two, hidden not a multiple of the column block
-    and more than one of them."""
-    pairs = torch.randn(num_tokens * top_k, hidden, generator=torch.Generator().manual_seed(top_k)).to(DEVICE, DTYPE)
-    want = pairs.float().view(num_tokens, top_k, hidden).sum(dim=1).to(DTYPE)
-    torch.testing.assert_close(topk_sum(pairs, top_k), want, rtol=TOL, atol=TOL)

@@ -23,7 +23,7 @@ TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=1e-2,
 EXPERTS = 8
 # Neither H nor I a multiple of the tiles: the masked K tail and the columns past N run too.
 HIDDEN, INTER = 200, 72
-TILES = MoeGemvConfig(up_block_n=16, down_block_n=32, block_k=64, prefetch=False)
+TILES = MoeGemvConfig(up_block_n=16, down_block_n=32, block_k=64)
 # The down GEMV's slots in two groups, reduced by the last to arrive (top_k 3 falls back to one group).
 SPLIT_TILES = MoeGemvConfig(up_block_n=16, down_block_n=32, down_split=2, block_k=64)
 
