@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from minisgl.kernels import use_pdl
+from minisgl.kernels.arrival import last_to_arrive
 
 LOG2E = 1.4426950408889634
 
@@ -154,11 +155,9 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, page_table_ptr, rows_ptr, seq_lens
         base = (req * tl.num_programs(1) * GROUP + heads) * num_splits  # [BLOCK_H]: split 0 of each head
         tl.store(part_lse_ptr + base + split, m_i + tl.log2(l_i), mask=mask_h)
         tl.store(part_out_ptr + (base + split)[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=mask)
-        tl.debug_barrier()  # every thread's partial is written before the (one-thread) release below
         counter = counter_ptr + req * tl.num_programs(1) + kv_head
-        arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
         used = tl.cdiv(seq_len, chunk)
-        if arrived == used - 1:
+        if last_to_arrive(counter, used):
             _reduce_splits(part_out_ptr, part_lse_ptr, base, used, out_ptrs, mask, mask_h, offs_d, HEAD_DIM,
                            BLOCK_H, BLOCK_S, BLOCK_D)
             tl.store(counter, 0)

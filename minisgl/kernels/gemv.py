@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from minisgl.kernels import use_pdl
+from minisgl.kernels.arrival import last_to_arrive
 from minisgl.kernels.fp8 import EMULATE, dot_e4m3, quantize_tile, scale_strides
 from minisgl.quantization import Fp8Config
 
@@ -76,16 +77,6 @@ def _gemv_step(acc, w, x_ptrs, k, k_stop, kk, m, n, pid_n, M, N, K, s_ptr, strid
     else:
         acc = tl.dot(w, xt, acc, input_precision=PRECISION)
     return acc
-
-
-@triton.jit
-def last_to_arrive(counter_ptr, count):
-    """After this program wrote its partial: whether it is the last of the `count` programs that count their
-    arrival on counter_ptr (that one then reduces the partials, loading them with .cg, and sets the counter
-    back to zero)."""
-    tl.debug_barrier()  # every thread's partial is written before the (one-thread) release below
-    arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
-    return arrived == count - 1
 
 
 @triton.jit

@@ -29,8 +29,9 @@ import torch
 import triton
 import triton.language as tl
 
+from minisgl.kernels.arrival import last_to_arrive
 from minisgl.kernels.fp8 import EMULATE, scale_strides
-from minisgl.kernels.gemv import BLOCK_M, COUNTER_SLOTS, _gemv_step, arrival_counters, last_to_arrive
+from minisgl.kernels.gemv import BLOCK_M, COUNTER_SLOTS, _gemv_step, arrival_counters
 from minisgl.quantization import Fp8Config
 
 # The largest token count SparseMoE sends here (the fused MoE above it): set from `benchmarks/moe.py`.
