@@ -311,7 +311,7 @@ def projection_tables(model: str, args: argparse.Namespace, gen: torch.Generator
                     if t < t_triton:
                         native_rows.append(f"    # {device} {model} TP1 {layer} M={m}: {t:.1f} us against the "
                                            f"Triton GEMV's {t_triton:.1f}\n    ({m}, {n}, {k}): "
-                                           f"({variant!r}, {rows}),")
+                                           f"(\"{variant}\", {rows}),")
         # the LM head, bf16 in FP8 checkpoints: after the projections, a decode step's largest weight read
         n, k = shapes(dims, 1)["lm_head"]
         head, calls = rotated(torch.randn(n, k, device="cuda", generator=gen).div_(k**0.5).bfloat16())

@@ -70,18 +70,6 @@ def _weight_tile(ptrs, rows_ok, cols_ok):
 
 
 @triton.jit
-def _down_tile(w_ptr, experts, slots, step, steps, k_steps, n, kk, N, K, stride_we, stride_wn,
-               BLOCK_K: tl.constexpr):
-    """The down GEMV's weight tile of `step` (slot step // k_steps, K step step % k_steps); zeros past the
-    last step."""
-    j = step // k_steps
-    k = (step - j * k_steps) * BLOCK_K
-    expert = tl.sum(tl.where(slots == j, experts, 0), axis=0)
-    ptrs = w_ptr + expert * stride_we + n[:, None].to(tl.int64) * stride_wn + (k + kk)[None, :]
-    return _weight_tile(ptrs, n < N, k + kk < tl.where(step < steps, K, 0))
-
-
-@triton.jit
 def _gate_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_xm, stride_we, stride_wn,
                     stride_se, stride_sn, stride_sk, TOP_K: tl.constexpr, PRECISION: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_ROWS: tl.constexpr,
@@ -143,10 +131,11 @@ def _down_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, weights_ptr, out_ptr, partial_p
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     steps = SLOTS * k_steps
     for step in range(0, steps):
-        w = _down_tile(w_ptr, experts, slots, step, steps, k_steps, n, kk, N, K, stride_we, stride_wn, BLOCK_K)
-        j = step // k_steps
+        j = step // k_steps  # the slot
         k = (step - j * k_steps) * BLOCK_K
         expert = tl.sum(tl.where(slots == j, experts, 0), axis=0)
+        w = _weight_tile(w_ptr + expert * stride_we + n[:, None].to(tl.int64) * stride_wn + (k + kk)[None, :],
+                         n < N, k + kk < K)
         x_ptrs = act_ptr + (first + j) * K + m[None, :] * K + (k + kk)[:, None]
         s_expert = s_ptr + expert * stride_se
         acc = _gemv_step(acc, w, x_ptrs, k, K, kk, m, n, pid_n, 1, N, K, s_expert, stride_sn, stride_sk,

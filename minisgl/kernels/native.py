@@ -59,11 +59,11 @@ VARIANTS = {"mma": Variant(0, 8, (16, 32)), "widen": Variant(1, 2, (8, 16))}
 # kernel tests passed; the engine tests were held to the wrong oracle, now transformers). widen only: at 1 row
 # it is the clear win (W2 qwen3-8b 3.21 ms/token against the Triton GEMV's 3.93), at 2 rows only for o and
 # down (with all four projections in widen the step was no faster than Triton's: 3,049 against 3,020 us).
-# mma's rows (qkv and gate_up at 2 and 8 rows, o at 8) are left out, the step preferred over the rows: its
+# qwen3-8b's mma rows (qkv and gate_up at 2 and 8 rows, o at 8) are left out, the step preferred over the rows: its
 # step sums at 2 and 8 rows (3,256-3,535 us) were above the Triton column's (3,020-3,049, though that column
 # timed down without SiLU-and-mul inside) and W2 at 1 row ran 4.21 ms against 3.93; until a step with mma
-# measures faster, it stays behind MINISGL_NATIVE_GEMV=mma. qwen3-30b-a3b's attention projections (its MLPs are
-# experts), from `python benchmarks/fp8.py --models qwen3-30b-a3b --sweep --rows 1 2 8` on an H200 (2026-11-26):
+# measures faster, it stays behind MINISGL_NATIVE_GEMV=mma there. qwen3-30b-a3b's attention projections (its MLPs
+# are experts), from `python benchmarks/fp8.py --models qwen3-30b-a3b --sweep --rows 1 2 8` on an H200 (2026-11-26):
 # each row is that run's fastest variant; both projections' step at 1 row, 48 layers: 437 us against the Triton
 # GEMV's 655 (widen alone 449, mma alone 621-629).
 NATIVE_FP8_GEMV: dict[tuple[int, int, int], tuple[str, int]] = {
@@ -80,17 +80,17 @@ NATIVE_FP8_GEMV: dict[tuple[int, int, int], tuple[str, int]] = {
     # NVIDIA H200 qwen3-8b TP1 down M=2: 24.8 us against the Triton GEMV's 29.3
     (2, 4096, 12288): ("widen", 16),
     # NVIDIA H200 qwen3-30b-a3b TP1 qkv M=1: 5.6 us against the Triton GEMV's 6.6
-    (1, 5120, 2048): ('mma', 32),
+    (1, 5120, 2048): ("mma", 32),
     # NVIDIA H200 qwen3-30b-a3b TP1 qkv M=2: 5.7 us against the Triton GEMV's 6.8
-    (2, 5120, 2048): ('mma', 32),
+    (2, 5120, 2048): ("mma", 32),
     # NVIDIA H200 qwen3-30b-a3b TP1 qkv M=8: 5.8 us against the Triton GEMV's 7.0
-    (8, 5120, 2048): ('mma', 32),
+    (8, 5120, 2048): ("mma", 32),
     # NVIDIA H200 qwen3-30b-a3b TP1 o M=1: 3.5 us against the Triton GEMV's 7.1
-    (1, 2048, 4096): ('widen', 8),
+    (1, 2048, 4096): ("widen", 8),
     # NVIDIA H200 qwen3-30b-a3b TP1 o M=2: 3.9 us against the Triton GEMV's 7.2
-    (2, 2048, 4096): ('widen', 16),
+    (2, 2048, 4096): ("widen", 16),
     # NVIDIA H200 qwen3-30b-a3b TP1 o M=8: 6.5 us against the Triton GEMV's 7.1
-    (8, 2048, 4096): ('mma', 16),
+    (8, 2048, 4096): ("mma", 16),
 }
 
 
