@@ -5,6 +5,7 @@
     python benchmarks/attention.py --decode-warps 8 --extend-stages 3 --no-torch   # a quick sweep step
     python benchmarks/attention.py --kv-cache-dtype fp8 --mode decode               # an fp8 pool
     python benchmarks/attention.py --mode mixed --mixed-cases 224x1000+1358+0       # a mixed step, split or not
+    python benchmarks/attention.py --extend-sweep --extend-cases 12x640+0,4x512+2048  # extend tiles, the best first
 
 Times `backend.attend` (attention over the pool, into which the step's new K/V were stored by the model's rope
 kernel; `prepare` runs once per step and is not included) with triton.testing.do_bench, which flushes L2
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
+import math
 
 import torch
 from triton.testing import do_bench
@@ -148,6 +151,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--mixed-cases", default="224x1000+1358+0,64x800+1024+0,32x2000+512+1024",
                    help="DECODESxCONTEXT+CHUNK+PREFIX list: decodes of CONTEXT cached tokens beside one chunk")
     p.add_argument("--no-torch", action="store_true", help="time the Triton backend only")
+    p.add_argument("--extend-sweep", action="store_true", help="rank the extend kernel's tiles (EXTEND_SWEEP)")
     defaults = KernelConfig()
     for field in dataclasses.fields(KernelConfig):
         flag = "--" + field.name.replace("_", "-")
@@ -155,11 +159,46 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
+EXTEND_SWEEP = dict(extend_block_m=(64, 128), extend_block_n=(64, 128), extend_warps=(4, 8),
+                    extend_stages=(2, 3, 4))
+
+
+def extend_sweep(args, base: KernelConfig, heads_list: list[tuple[int, int]]) -> None:
+    """Every EXTEND_SWEEP tile on every (head config, extend case); configs ranked by the geometric mean of their
+    time over the default's, so one table row serves the whole mix of cases."""
+    cases = [(heads, kv_heads, case) for heads, kv_heads in heads_list for case in args.extend_cases.split(",")]
+    times: dict[KernelConfig, list[float]] = {}
+    for values in itertools.product(*EXTEND_SWEEP.values()):
+        config = dataclasses.replace(base, **dict(zip(EXTEND_SWEEP, values)))
+        try:
+            times[config] = [extend_us(args, config, heads, kv_heads, case) for heads, kv_heads, case in cases]
+        except Exception as exc:  # a tile too large for shared memory or registers
+            print(f"skipped {values}: {type(exc).__name__}")
+    default = times[base]
+    ranked = sorted(times.items(), key=lambda item: math.prod(t / d for t, d in zip(item[1], default)))
+    print("geomean vs default  block_m block_n warps stages  " + "  ".join(f"{h}/{kv} {c}" for h, kv, c in cases))
+    for config, us in ranked[:12] + [(base, default)]:
+        ratio = math.prod(t / d for t, d in zip(us, default)) ** (1 / len(us))
+        knobs = [getattr(config, name) for name in EXTEND_SWEEP]
+        print(f"{ratio:19.3f}  {knobs[0]:7d} {knobs[1]:7d} {knobs[2]:5d} {knobs[3]:6d}  "
+              + "  ".join(f"{t:.1f}" for t in us))
+
+
+def extend_us(args, config: KernelConfig, heads: int, kv_heads: int, case: str) -> float:
+    shape, prefix = case.split("+")
+    batch_size, new = (int(x) for x in shape.split("x"))
+    return bench_case(args, config, "extend", heads, kv_heads, batch_size, int(prefix), new, args.page_sizes[0])[
+        "triton_us"]
+
+
 def main() -> None:
     args = parse_args()
     config = KernelConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(KernelConfig)})
     heads_list = [tuple(int(x) for x in hc.split("/")) for hc in args.head_configs.split(",")]
     print(f"{torch.cuda.get_device_name()}  {args.dtype}  kv {args.kv_cache_dtype}  head_dim {args.head_dim}  {config}")
+    if args.extend_sweep:
+        extend_sweep(argparse.Namespace(**{**vars(args), "no_torch": True}), config, heads_list)
+        return
     print("  ".join(c.rjust(width) for c, (width, _) in COLUMNS.items()))
     for page_size in args.page_sizes:
         for heads, kv_heads in heads_list:

@@ -10,6 +10,9 @@ real engine (CUDA graphs, overlap) over the same steps: the gap between the two 
 w3: the shared-prefix workload of offline.py under cProfile (host hot spots) and the kernel profiler.
 w1: the throughput workload of offline.py under the kernel profiler alone (kernels in CUDA graphs included):
 where a whole W1 run spends its GPU time, and how much of the wall time the GPU is busy.
+prefill: a burst of prompts as the online benchmark sends them (`--batch` prompts of 256-1,024 random ids,
+steps of `--budget` tokens), with and without piecewise graphs: the wall time per prompt token (what bounds a
+burst's last first token) and the top kernels of the eager run.
 """
 
 from __future__ import annotations
@@ -60,14 +63,35 @@ def decode_steps(llm: LLM, prompts: list[list[int]], steps: int, profile: bool, 
     return ms
 
 
+def prefill_burst(llm: LLM, prompts: list[list[int]], profile: bool, top: int) -> float:
+    """Prefill `prompts` (one output token each) from an idle engine, maybe under the kernel profiler; us per
+    prompt token, wall time."""
+    sched, params = llm.scheduler, SamplingParams(max_tokens=1, ignore_eos=True)
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CUDA] if profile else []
+    with torch.profiler.profile(activities=activities) as prof:
+        start = time.perf_counter()
+        sched.tick([AddReq(Req(10**6 + i, p, params, seed=i)) for i, p in enumerate(prompts)])
+        while sched.has_work:
+            sched.tick([])
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+    sched.take_outputs()
+    tokens = sum(map(len, prompts))
+    if profile:
+        top_kernels(prof, tokens / 1000, top)  # per 1,000 prompt tokens
+    return 1e6 * seconds / tokens
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True)
-    parser.add_argument("--workload", choices=["decode", "w1", "w3"], default="decode")
+    parser.add_argument("--workload", choices=["decode", "w1", "w3", "prefill"], default="decode")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 256])
     parser.add_argument("--context", type=int, default=800)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--top", type=int, default=16)
+    parser.add_argument("--budget", type=int, default=8192, help="prefill: tokens per step (the server's default)")
     args = parser.parse_args()
     common = dict(dtype="bfloat16", dummy_weights=True, max_seq_len=4096, max_prefill_tokens=16384)
     if args.workload == "w1":
@@ -86,6 +110,21 @@ def main() -> None:
             host.disable()
         top_kernels(prof, 1, args.top)
         pstats.Stats(host).sort_stats("tottime").print_stats(args.top)
+        return
+    if args.workload == "prefill":
+        rng = random.Random(0)
+        lengths = [rng.randint(256, 1024) for _ in range(max(args.batch))]
+        warm_up, timed, profiled = ([[rng.randint(0, 10000) for _ in range(n)] for n in lengths] for _ in range(3))
+        for pieces in (False, True):  # no CUDA graphs of any kind, then the engine's defaults
+            llm = LLM(model_dir(args.config), max_running_requests=len(lengths), memory_ratio=0.8,
+                      cuda_graph_max_bs=256 if pieces else 0, **{**common, "max_prefill_tokens": args.budget})
+            prefill_burst(llm, warm_up, False, 0)  # compiles every step size met (new ids each run: no cache hits)
+            kind = "eager" if not pieces else f"piecewise graphs (kept to {llm.engine.piecewise.max_tokens} tokens)"
+            print(f"\n== {len(lengths)} prompts, {sum(lengths)} tokens, steps of {args.budget}, {kind}:")
+            print(f"{prefill_burst(llm, timed, False, 0):.2f} us per prompt token (wall)")
+            if not pieces:  # the kernels are the same either way; the profiler's own cost stays out of the timing
+                prefill_burst(llm, profiled, True, args.top)
+            llm.shutdown()
         return
     eager = LLM(model_dir(args.config), cuda_graph_max_bs=0, overlap_schedule=False, memory_ratio=0.4, **common)
     fast = LLM(model_dir(args.config), memory_ratio=0.8, **common)

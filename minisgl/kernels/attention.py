@@ -38,10 +38,13 @@ class KernelConfig:
     decode_splits: int | None = None  # fixed number of KV splits; None: chosen from batch size and SM count
     max_splits: int = 32  # cap of the automatic choice (and size of the partial-result scratch)
     programs_per_sm: int = 2  # the automatic choice aims at this many decode programs per SM
-    extend_block_m: int = 128  # query rows (tokens x heads of one KV group) per extend tile
+    # Extend tiles from `benchmarks/attention.py --extend-sweep` on an H100 (prompts of 512-1,600 tokens, fresh or
+    # after a prefix, 16/8, 32/8 and 32/4 heads): 64 rows, 64 keys, 4 warps, 3 stages took 0.74x the time of
+    # 128 / 64 / 8 / 2 (qwen3-8b, 12 prompts of 640 tokens: 198 against 248 us a layer).
+    extend_block_m: int = 64  # query rows (tokens x heads of one KV group) per extend tile
     extend_block_n: int = 64
-    extend_warps: int = 8
-    extend_stages: int = 2
+    extend_warps: int = 4
+    extend_stages: int = 3
 
     def fitted(self, dtype: torch.dtype, head_dim: int, kv_dtype: torch.dtype) -> KernelConfig:
         """The tiles for this compute dtype (the model's) and pool dtype. Extend: fp32 takes twice the registers
