@@ -53,18 +53,18 @@ class ExtendMeta:
     max_extend: int
 
 
-# A mixed step's decode rows get the decode kernel when their K/V of one layer is at least this many bytes
-# (a qwen3 layer: 8 KV heads x 128 dims x K and V in bf16 = 4 KiB a token). Why: in the extend
-# kernel a decode row is one live program per KV head that walks its whole context alone (no split-KV), with a
-# tile of 128 query rows of which `group` are real. On an H200 (qwen3-8b, 224 decodes of ~1,000 cached tokens
-# beside 1,358 prompt tokens) that took ~20 ms of a 61 ms step, ~2.5x their read at copy bandwidth (33 GB at
-# ~4.3 TB/s: ~8 ms), which the decode kernel roughly reaches: the split saves more than the decode rows' read
-# time. It costs one more launch a layer (the decode kernel; when it splits the keys, its last split reduces them),
-# which a host-bound enqueue would feel, so tiny reads stay in one launch. But mixed steps under load are
-# device-bound (qwen3-0.6b at 64 streams on an H200: ~11 ms on the device for ~5 ms of enqueue), and there the
-# split already pays at 64 rows of ~800 tokens (~200 MiB: 135 against 214 us a layer, benchmarks/attention.py
-# --mode mixed); splitting every mixed step took that level's ITL p99 from 10.6 to 9.9 ms (docs/benchmarks.md,
-# 2026-11-26 session 2). 32 MiB is ~8,000 cached tokens of a qwen3 layer: a few streams' worth.
+# A mixed step's decode rows get the decode kernel when their K/V of one layer is at least this many bytes (a qwen3
+# layer: 8 KV heads x 128 dims x K and V in bf16 = 4 KiB a token). Why: in the extend kernel a decode row is one live
+# program per KV head that walks its whole context alone (no split-KV), with a tile of 64 query rows (128 when this was
+# measured) of which `group` are real. On an H200 (qwen3-8b, 224 decodes of ~1,000 cached tokens beside 1,358 prompt
+# tokens) that took ~20 ms of a 61 ms step, ~2.5x their read at copy bandwidth (33 GB at ~4.3 TB/s: ~8 ms), which the
+# decode kernel roughly reaches: the split saves more than the decode rows' read time. It costs one more launch a layer
+# (the decode kernel; when it splits the keys, its last split reduces them), which a host-bound enqueue would feel, so
+# tiny reads stay in one launch. But mixed steps under load are device-bound (qwen3-0.6b at 64 streams on an H200: ~11
+# ms on the device for ~5 ms of enqueue), and there the split already pays at 64 rows of ~800 tokens (~200 MiB: 135
+# against 214 us a layer, benchmarks/attention.py --mode mixed); splitting every mixed step took that level's ITL p99
+# from 10.6 to 9.9 ms (docs/benchmarks.md, 2026-11-26 session 2). 32 MiB is ~8,000 cached tokens of a qwen3 layer: a few
+# streams' worth.
 MIXED_SPLIT_KV_BYTES = 32 << 20
 
 
