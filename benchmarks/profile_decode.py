@@ -1,7 +1,8 @@
-"""Where a decode step's time goes, on the GPU and on the CPU.
+"""Where a decode step's time goes, on the GPU and on the CPU (and a whole workload's, or a prompt burst's).
 
     python benchmarks/profile_decode.py --config .bench_models/qwen3-0.6b.json --batch 1 256 --context 800
     python benchmarks/profile_decode.py --config .bench_models/qwen3-0.6b.json --workload w3
+    python benchmarks/profile_decode.py --config .bench_models/qwen3-8b.json --workload prefill --batch 64
     python benchmarks/profile_decode.py --config .bench_models/qwen3-30b-a3b.json --workload w1
 
 decode: for each batch size, the top kernels of a few decode steps run eagerly (so the profiler sees
@@ -31,12 +32,13 @@ from minisgl.core import Req
 from minisgl.messages import AddReq
 
 
-def top_kernels(prof: torch.profiler.profile, per: int, top: int) -> None:
+def top_kernels(prof: torch.profiler.profile, per: float, top: int, unit: str = "step") -> None:
+    """The kernels' device time per `unit` (`per` units were profiled), in all and for the `top` kernels."""
     events = [e for e in prof.key_averages() if e.device_time_total > 0]
     total = sum(e.device_time_total for e in events)
-    print(f"{total / per / 1000:.3f} ms of kernels per step")
+    print(f"{total / per / 1000:.3f} ms of kernels per {unit}")
     for e in sorted(events, key=lambda e: -e.device_time_total)[:top]:
-        print(f"{e.device_time_total / per:9.1f} us/step {e.count / per:6.1f}x  {e.key[:90]}")
+        print(f"{e.device_time_total / per:9.1f} us/{unit} {e.count / per:6.1f}x  {e.key[:90]}")
 
 
 def decode_steps(llm: LLM, prompts: list[list[int]], steps: int, profile: bool, top: int) -> float:
@@ -79,7 +81,7 @@ def prefill_burst(llm: LLM, prompts: list[list[int]], profile: bool, top: int) -
     sched.take_outputs()
     tokens = sum(map(len, prompts))
     if profile:
-        top_kernels(prof, tokens / 1000, top)  # per 1,000 prompt tokens
+        top_kernels(prof, tokens / 1000, top, unit="1k tokens")
     return 1e6 * seconds / tokens
 
 
@@ -98,7 +100,7 @@ def main() -> None:
         llm = LLM(model_dir(args.config), max_running_requests=256, **common)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             print(w1(minisgl_generate(llm)))
-        top_kernels(prof, 1, args.top)
+        top_kernels(prof, 1, args.top, unit="run")
         return
     if args.workload == "w3":
         llm = LLM(model_dir(args.config), **common)
@@ -108,7 +110,7 @@ def main() -> None:
             host.enable()
             print(w3(minisgl_generate(llm)))
             host.disable()
-        top_kernels(prof, 1, args.top)
+        top_kernels(prof, 1, args.top, unit="run")
         pstats.Stats(host).sort_stats("tottime").print_stats(args.top)
         return
     if args.workload == "prefill":
