@@ -175,20 +175,26 @@ def extend_sweep(args, base: KernelConfig, heads_list: list[tuple[int, int]]) ->
         except Exception as exc:  # a tile too large for shared memory or registers
             print(f"skipped {values}: {type(exc).__name__}")
     default = times[base]
-    ranked = sorted(times.items(), key=lambda item: math.prod(t / d for t, d in zip(item[1], default)))
+    ratio = {config: math.prod(t / d for t, d in zip(us, default)) ** (1 / len(us)) for config, us in times.items()}
+    ranked = sorted(times, key=ratio.get)
     print("geomean vs default  block_m block_n warps stages  " + "  ".join(f"{h}/{kv} {c}" for h, kv, c in cases))
-    for config, us in ranked[:12] + [(base, default)]:
-        ratio = math.prod(t / d for t, d in zip(us, default)) ** (1 / len(us))
-        knobs = [getattr(config, name) for name in EXTEND_SWEEP]
-        print(f"{ratio:19.3f}  {knobs[0]:7d} {knobs[1]:7d} {knobs[2]:5d} {knobs[3]:6d}  "
+    for config in ranked[:12] + [base]:
+        us, knobs = times[config], [getattr(config, name) for name in EXTEND_SWEEP]
+        print(f"{ratio[config]:19.3f}  {knobs[0]:7d} {knobs[1]:7d} {knobs[2]:5d} {knobs[3]:6d}  "
               + "  ".join(f"{t:.1f}" for t in us))
 
 
 def extend_us(args, config: KernelConfig, heads: int, kv_heads: int, case: str) -> float:
+    batch_size, new, prefix = extend_case(case)
+    return bench_case(args, config, "extend", heads, kv_heads, batch_size, prefix, new, args.page_sizes[0])[
+        "triton_us"]
+
+
+def extend_case(case: str) -> tuple[int, int, int]:
+    """'BATCHxNEW+PREFIX' -> (requests, new tokens each, cached tokens before them)."""
     shape, prefix = case.split("+")
     batch_size, new = (int(x) for x in shape.split("x"))
-    return bench_case(args, config, "extend", heads, kv_heads, batch_size, int(prefix), new, args.page_sizes[0])[
-        "triton_us"]
+    return batch_size, new, int(prefix)
 
 
 def main() -> None:
@@ -209,9 +215,8 @@ def main() -> None:
                                              page_size))
             if args.mode in ("all", "extend"):
                 for case in args.extend_cases.split(","):
-                    shape, prefix = case.split("+")
-                    batch_size, new = (int(x) for x in shape.split("x"))
-                    print_row(bench_case(args, config, "extend", heads, kv_heads, batch_size, int(prefix), new,
+                    batch_size, new, prefix = extend_case(case)
+                    print_row(bench_case(args, config, "extend", heads, kv_heads, batch_size, prefix, new,
                                          page_size))
             if args.mode in ("all", "mixed"):
                 for case in args.mixed_cases.split(","):
