@@ -126,7 +126,8 @@ def check_silu_mul_quantization(m: int, k: int, rows: int, group: int, dtype: to
     ref_q, ref_s = reference.quantize_activation(silu_and_mul_torch(x), group)
     ours = (q[:m].float() * s[:, :m].t().repeat_interleave(group, 1)[:, :k]).cpu()
     ref = (ref_q.float() * ref_s.repeat_interleave(group, 1)[:, :k]).cpu()
-    assert ((ours - ref).abs() <= ref.abs() / 8 + 2**-9 * ref_s.max().cpu()).all()  # 3 mantissa bits, subnormals
+    # one e4m3 step (at most an eighth of the value; 2^-9 below 2^-6) and 1% of a scale apart
+    assert ((ours - ref).abs() <= 0.13 * ref.abs() + 2**-9 * ref_s.max().cpu()).all()
     assert (q[:m].float().cpu() != ref_q.float().cpu()).sum() <= ours.numel() // 100
     torch.testing.assert_close(s[:, :m].t(), ref_s, rtol=1e-2, atol=0)  # one unit of bfloat16 in the largest value
 
