@@ -11,6 +11,8 @@ the tables are rewritten with the rows of the models timed.
     python benchmarks/fp8.py --cublas          # prefill-sized batches: the Triton FP8 GEMM against cuBLAS's
                                                # block-scaled FP8 GEMM (and bf16), M = 32..8192 (CUBLAS_M)
     python benchmarks/fp8.py --cublas --write  # ... and rewrites fp8_cublas.CUBLAS_FP8_MIN_M
+    python benchmarks/fp8.py --silu-mul        # qwen3-8b's down projection at prefill sizes: SiLU-and-mul as its
+                                               # own launch before the quantization, against inside it
     MINISGL_NATIVE_GEMV=1 python benchmarks/fp8.py --chain   # ... with csrc's GEMV for the FP8 projections
                                                              # (=widen / =mma: only that variant)
 
@@ -30,6 +32,11 @@ programmatic dependent launch off and on.
 activation-quantization launch): the Triton GEMM, cuBLAS's (`fp8_cublas.fp8_scaled_mm`) and bf16 F.linear;
 prints CUBLAS_FP8_MIN_M's rows (the smallest M from which cuBLAS was the faster at every larger M timed), and
 last the four projections' sum per M, times the layers (a prefill step's GEMM time).
+
+`--silu-mul` times, at each M of CUBLAS_M, the down projection's activation two ways: silu_and_mul's launch then
+`quantize_activation` (the path before they were fused), against `quantize_activation(silu_mul=True)`; and the
+whole projection through the layers' dispatch both ways (`fp8_linear` of silu_and_mul's output, against
+`fp8_linear(silu_mul=True)`). Last, the saving per 1,000 tokens over all layers.
 
 Where csrc's CUDA GEMVs are built (`python -m minisgl.tools.build_csrc`) and the GPU is a Hopper, each
 variant's time at each of its CTA heights (mma/16, mma/32 up to 8 rows; widen/8, widen/16 up to 2) is printed
@@ -216,6 +223,26 @@ def cublas(model: str, gen: torch.Generator, replays: int) -> list[str]:
     return rows
 
 
+def silu_mul_quantization(model: str, gen: torch.Generator, replays: int) -> None:
+    """us per call of the down projection's activation and of the projection, SiLU-and-mul fused into the
+    quantization or not (module docstring)."""
+    dims = FP8_MODELS[model][0]
+    n, k = projections(model)["down"]
+    wq, scale = quantize_weight(torch.randn(n, k, device="cuda", generator=gen).div_(k**0.5).bfloat16(), BLOCK)
+    fp8, calls = rotated(wq)
+    print(f"{torch.cuda.get_device_name()}, {model} TP 1 down ({n}, {k}), us per call (CUDA graph replay)")
+    print("| M | silu_and_mul + quantize | fused | ratio | down, two passes | down, fused | ratio | saved ms per "
+          "1,000 tokens, all layers |\n|---|---|---|---|---|---|---|---|")
+    for m in CUBLAS_M:
+        xg = torch.randn(m, 2 * k, device="cuda", generator=gen).bfloat16()
+        t_two = time_per_call(lambda: fp8_kernels.quantize_activation(silu_and_mul(xg), BLOCK.group), 10, replays)
+        t_one = time_per_call(lambda: fp8_kernels.quantize_activation(xg, BLOCK.group, silu_mul=True), 10, replays)
+        d_two = time_per_call(lambda: fp8_linear(silu_and_mul(xg), next(fp8), scale, BLOCK), calls, replays)
+        d_one = time_per_call(lambda: fp8_linear(xg, next(fp8), scale, BLOCK, silu_mul=True), calls, replays)
+        print(f"| {m} | {t_two:.1f} | {t_one:.1f} | {t_one / t_two:.2f}x | {d_two:.1f} | {d_one:.1f} | "
+              f"{d_one / d_two:.2f}x | {(d_two - d_one) * dims.layers / m:.3f} |", flush=True)
+
+
 def rewrite_table(path: Path, name: str, rows: list[str]) -> None:
     """Replace the body of the dict literal `NAME: ... = {...}` in a source file with `rows`."""
     pattern = re.compile(rf"^({re.escape(name)}: [^\n]*= )\{{(?:\}}|\n.*?\n\}})$", re.M | re.S)
@@ -342,11 +369,15 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=ROWS, help="batch sizes timed per projection")
     parser.add_argument("--chain", action="store_true", help="only qwen3-8b's decode-step chain (see above)")
     parser.add_argument("--cublas", action="store_true", help="only Triton vs cuBLAS FP8 GEMMs (see above)")
+    parser.add_argument("--silu-mul", action="store_true", help="only down's SiLU-and-mul, fused or not (see above)")
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     with torch.inference_mode():
         if args.chain:
             chain(MODELS["qwen3-8b"], gen, args.replays)
+            return
+        if args.silu_mul:
+            silu_mul_quantization("qwen3-8b", gen, args.replays)
             return
         if args.cublas:
             rows = [row for model in args.models for row in cublas(model, gen, args.replays)]

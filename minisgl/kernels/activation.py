@@ -14,14 +14,22 @@ BLOCK = 1024
 
 
 @triton.jit
+def silu_mul(gate, up):
+    """silu(gate) * up for tiles in the input dtype: silu in float32, rounded to up's dtype, times up. Every
+    kernel that forms the MLP's activation (this one, the decode GEMV's, the FP8 quantization's) calls it, so
+    that they give the same values bit for bit."""
+    g = gate.to(tl.float32)
+    return (g / (1.0 + tl.exp(-g))).to(up.dtype) * up
+
+
+@triton.jit
 def _silu_and_mul_kernel(x_ptr, x_row_stride, out_ptr, n, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n
-    gate = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    gate = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0)
     up = tl.load(x_ptr + row * x_row_stride + n + cols, mask=mask, other=0.0)
-    silu = gate / (1.0 + tl.exp(-gate))
-    tl.store(out_ptr + row * n + cols, silu.to(up.dtype) * up, mask=mask)
+    tl.store(out_ptr + row * n + cols, silu_mul(gate, up), mask=mask)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

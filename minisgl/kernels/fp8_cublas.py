@@ -7,7 +7,8 @@ rows up, where the Triton GEMM (quantization included) took about bf16's (figure
 
 What it computes is `fp8_linear_torch` for 128 x 128 weight blocks: x is quantized per token and 128-column group
 by the same Triton kernel as the GEMM's (`quantize_activation`, whose group-major scales are, transposed, the
-layout cuBLAS takes), then cuBLASLt multiplies e4m3 x (one scale per row and group: BlockWise1x128) by e4m3 W^T
+layout cuBLAS takes; the down projection's silu(gate) * up is formed there, from [gate | up], as it quantizes),
+then cuBLASLt multiplies e4m3 x (one scale per row and group: BlockWise1x128) by e4m3 W^T
 (one per 128 x 128 block: BlockWise128x128) and applies both scales to each 128-column partial sum in float32.
 
 Where it serves, from torch's own checks of this recipe (aten/src/ATen/native/cuda/ScaledBlas.cpp and
@@ -103,11 +104,13 @@ def platform_rejects(capability: tuple[int, int], cuda_version: str | None, has_
 
 
 def rejects(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, config: Fp8Config,
-            bias: torch.Tensor | None = None) -> str | None:
-    """Why cuBLAS does not serve these operands (not counting `unavailable`), or None when it does."""
+            bias: torch.Tensor | None = None, silu_mul: bool = False) -> str | None:
+    """Why cuBLAS does not serve these operands (not counting `unavailable`), or None when it does; with
+    `silu_mul`, x is the MLP's [gate | up] [M, 2K]."""
     (n, k), dtype = w.shape, x.dtype
-    if x.dim() != 2 or x.shape[1] != k:
-        return f"x must be [M, {k}]"
+    width = 2 * k if silu_mul else k
+    if x.dim() != 2 or x.shape[1] != width:
+        return f"x must be [M, {width}]"
     if dtype not in DTYPES:
         return f"x is {dtype}; cuBLAS's block-scaled GEMM here takes bfloat16 or float16"
     if config.block != (BLOCK, BLOCK):
@@ -162,7 +165,6 @@ def fp8_scaled_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, config:
                   bias: torch.Tensor | None = None) -> torch.Tensor:
     """`fp8_linear_torch(x, w, scale, config, bias)` through cuBLASLt, on the current stream. Raises ValueError
     where `rejects` or `unavailable` gives a reason."""
-    x = x if x.stride(-1) == 1 else x.contiguous()
     reason = rejects(x, w, scale, config, bias) or unavailable(x.device, x.dtype)
     if reason:
         raise ValueError(f"fp8_scaled_mm: {reason}")
@@ -170,19 +172,21 @@ def fp8_scaled_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, config:
 
 
 def try_fp8_scaled_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, config: Fp8Config,
-                      bias: torch.Tensor | None = None) -> torch.Tensor | None:
-    """The FP8 layers' dispatch: cuBLAS where `chosen` for this shape and it serves; else None (the Triton GEMM)."""
+                      bias: torch.Tensor | None = None, silu_mul: bool = False) -> torch.Tensor | None:
+    """The FP8 layers' dispatch: cuBLAS where `chosen` for this shape and it serves; else None (the Triton GEMM).
+    With `silu_mul`, x is the MLP's [gate | up] [M, 2K] and silu_and_mul(x) is multiplied (formed while
+    quantizing it)."""
     if not chosen(x.shape[0], *w.shape):
         return None
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    if rejects(x, w, scale, config, bias) or unavailable(x.device, x.dtype):
+    if rejects(x, w, scale, config, bias, silu_mul) or unavailable(x.device, x.dtype):
         return None
-    return _launch(x, w, scale, bias)
+    return _launch(x, w, scale, bias, silu_mul)
 
 
-def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+            silu_mul: bool = False) -> torch.Tensor:
     m = x.shape[0]
-    xq, sx = quantize_activation(x, BLOCK, rows=-(-m // ROW_ALIGN) * ROW_ALIGN)
+    xq, sx = quantize_activation(x, BLOCK, rows=-(-m // ROW_ALIGN) * ROW_ALIGN, silu_mul=silu_mul)
     out = F.scaled_mm(xq, w.t(), sx.t(), F.ScalingType.BlockWise1x128, scale.t(), F.ScalingType.BlockWise128x128,
                       output_dtype=x.dtype)[:m]
     return out if bias is None else out.add_(bias)

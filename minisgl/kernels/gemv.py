@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from minisgl.kernels import use_pdl
+from minisgl.kernels.activation import silu_mul
 from minisgl.kernels.arrival import last_to_arrive
 from minisgl.kernels.fp8 import EMULATE, dot_e4m3, quantize_tile, scale_strides
 from minisgl.quantization import Fp8Config
@@ -60,9 +61,7 @@ def _gemv_step(acc, w, x_ptrs, k, k_stop, kk, m, n, pid_n, M, N, K, s_ptr, strid
     in_k = k + kk < k_stop
     xt = tl.load(x_ptrs, mask=in_k[:, None] & (m[None, :] < M), other=0.0)
     if SILU_MUL:  # x is [gate | up]: this step's silu(gate) * up, rounded as activation.silu_and_mul does
-        up = tl.load(x_ptrs + K, mask=in_k[:, None] & (m[None, :] < M), other=0.0)
-        gate = xt.to(tl.float32)
-        xt = (gate / (1.0 + tl.exp(-gate))).to(up.dtype) * up
+        xt = silu_mul(xt, tl.load(x_ptrs + K, mask=in_k[:, None] & (m[None, :] < M), other=0.0))
     if FP8:  # x's group k.. quantized per row in registers; one scale group per step, k a multiple of BLOCK_K
         xq, sx = quantize_tile(xt, 0, EMULATE)
         if not SCALE_ALONG_K:  # per-channel: the weight scales are applied once, after the loop

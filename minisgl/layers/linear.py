@@ -42,18 +42,17 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, confi
     """x W^T (+ b) for e4m3 W: on a GPU the split-K GEMV up to its 16 rows, else the FP8 GEMM; elsewhere
     their torch reference. On an H100 (benchmarks/fp8.py, tuned tables) qwen3-8b's four projections took
     3.2 ms per decode step in the GEMV at 16 rows and 4.5 ms in the GEMM. With `silu_mul`, x is a merged
-    [gate | up] projection and silu_and_mul(x) is multiplied (inside the GEMV where it runs). Decode batches
-    take csrc's CUDA GEMV first where `minisgl.kernels.native` chooses it and has it built; larger batches
-    cuBLAS's block-scaled GEMM where `minisgl.kernels.fp8_cublas` chooses it and it serves (Hopper, 128 x 128
-    blocks, bf16/fp16), else the Triton GEMM."""
+    [gate | up] projection and silu_and_mul(x) is multiplied (inside the GEMV, or the GEMMs' activation
+    quantization, on a GPU). Decode batches take csrc's CUDA GEMV first where `minisgl.kernels.native` chooses
+    it and has it built; larger batches cuBLAS's block-scaled GEMM where `minisgl.kernels.fp8_cublas` chooses it
+    and it serves (Hopper, 128 x 128 blocks, bf16/fp16), else the Triton GEMM."""
     if use_triton(x) and x.dim() == 2 and x.shape[0] <= BLOCK_M:
         out = try_fp8_gemv(x, weight, scale, config, bias, silu_mul)
         return out if out is not None else gemv(x, weight, bias, scale=scale, fp8=config, silu_mul=silu_mul)
-    x = silu_and_mul(x) if silu_mul else x
     if use_triton(x) and x.dim() == 2:
-        out = try_fp8_scaled_mm(x, weight, scale, config, bias)
-        return out if out is not None else fp8_gemm(x, weight, scale, config, bias)
-    return fp8_linear_torch(x, weight, scale, config, bias)
+        out = try_fp8_scaled_mm(x, weight, scale, config, bias, silu_mul)
+        return out if out is not None else fp8_gemm(x, weight, scale, config, bias, silu_mul=silu_mul)
+    return fp8_linear_torch(silu_and_mul(x) if silu_mul else x, weight, scale, config, bias)
 
 
 def layer_linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None,

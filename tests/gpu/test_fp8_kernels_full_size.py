@@ -8,7 +8,16 @@ from dataclasses import replace
 
 import pytest
 import torch
-from kernels.test_fp8_kernels import BLOCK128, GPU_SHAPES, TOL, check_experts, check_linear, gemv_fp8
+from kernels.test_fp8_kernels import (
+    BLOCK128,
+    GPU_SHAPES,
+    TOL,
+    check_experts,
+    check_linear,
+    check_silu_mul_linear,
+    check_silu_mul_quantization,
+    gemv_fp8,
+)
 
 from minisgl.kernels import use_pdl
 from minisgl.kernels.fp8 import Fp8GemmConfig, fp8_gemm
@@ -17,6 +26,7 @@ from minisgl.kernels.gemv import BLOCK_M, gemv
 from minisgl.kernels.norm import add_rms_norm
 from minisgl.layers.activation import silu_and_mul_torch
 from minisgl.layers.fp8 import fp8_linear_torch, quantize_weight
+from minisgl.layers.linear import fp8_linear
 from minisgl.layers.moe import experts_torch, route
 from minisgl.layers.norm import RMSNorm
 from minisgl.quantization import Fp8Config
@@ -34,6 +44,22 @@ def test_fp8_linear_full_size(shape, m):
     for kernel in kernels:
         check_linear(kernel, m, *shape, BLOCK128)
         check_linear(kernel, m, *shape, Fp8Config())
+
+
+@pytest.mark.parametrize("m", [512, 4096])
+def test_fp8_down_with_silu_mul_full_size(m):
+    """qwen3-8b's down projection (I = 12,288) from [gate | up] at prefill sizes: the quantization forms
+    silu(gate) * up bit for bit as silu_and_mul then quantize_activation did (padded rows, and rows of a wider
+    tensor), and the Triton GEMM and the layers' dispatch (cuBLAS on Hopper from 32 rows) give bit for bit what
+    they give for silu_and_mul's output, close to the reference."""
+    n, k = GPU_SHAPES[3]
+    check_silu_mul_quantization(m, k, m + 16, 128, torch.bfloat16, row_pad=0)
+    check_silu_mul_quantization(m, k, m, 128, torch.bfloat16, row_pad=256)
+    for config in (BLOCK128, Fp8Config()):
+        check_silu_mul_linear(lambda x, w, s, c: fp8_gemm(x, w, s, c, silu_mul=True), m, n, k, config,
+                              two_pass=fp8_gemm)
+        check_silu_mul_linear(lambda x, w, s, c: fp8_linear(x, w, s, c, silu_mul=True), m, n, k, config,
+                              two_pass=fp8_linear)
 
 
 @pytest.mark.parametrize("tokens", [1, 8, 256, 1024])

@@ -76,6 +76,15 @@ def test_qwen3_8b_shapes_in_bf16_and_fp16_with_bias_are_served():
             assert rejects(torch.empty(300, k, dtype=dtype), w, scale, BLOCK128, torch.empty(n, dtype=dtype)) is None
 
 
+def test_the_down_projection_is_served_from_gate_and_up():
+    """With silu_mul the down projection takes [gate | up] [M, 2K] (the activation formed while quantizing)."""
+    n, k = QWEN3_8B[3]
+    w, scale = torch.empty(n, k, dtype=torch.float8_e4m3fn), torch.empty(BLOCK128.scale_shape(n, k))
+    assert rejects(torch.empty(300, 2 * k, dtype=torch.bfloat16), w, scale, BLOCK128, silu_mul=True) is None
+    assert f"[M, {2 * k}]" in rejects(torch.empty(300, k, dtype=torch.bfloat16), w, scale, BLOCK128, silu_mul=True)
+    assert f"[M, {k}]" in rejects(torch.empty(300, 2 * k, dtype=torch.bfloat16), w, scale, BLOCK128)
+
+
 @pytest.mark.parametrize("case, reason", [
     ("float32 x", "bfloat16 or float16"),
     ("per-channel weights", "per channel"),

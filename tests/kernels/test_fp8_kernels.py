@@ -14,9 +14,11 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from minisgl.kernels.fp8 import Fp8GemmConfig, fp8_gemm
+from minisgl.kernels.activation import silu_and_mul
+from minisgl.kernels.fp8 import Fp8GemmConfig, fp8_gemm, quantize_activation
 from minisgl.kernels.fused_moe import CONFIGS, FP8_CONFIGS, MoEConfig, fused_experts, pick_config
 from minisgl.kernels.gemv import GemvConfig, gemv
+from minisgl.layers import fp8 as reference
 from minisgl.layers.activation import silu_and_mul_torch
 from minisgl.layers.fp8 import fp8_linear_torch, quantize_weight
 from minisgl.layers.moe import experts_torch, route
@@ -25,6 +27,7 @@ from minisgl.quantization import Fp8Config
 DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
 ON_GPU = DEVICE == "cuda"
 DTYPE = torch.bfloat16 if ON_GPU else torch.float32
+LOW_PRECISION = torch.bfloat16 if ON_GPU else torch.float16  # the interpreter has no bfloat16
 # The kernels and the reference round the same activations to the same e4m3 values and sum exact products
 # in float32; what differs is the order of the sums (and on the GPU an approximate division that can move
 # a value to the neighbouring e4m3 one: 4 of 524,288 experts outputs moved by 0.027) plus one rounding of
@@ -77,16 +80,77 @@ def test_fp8_gemv_small(scales, m, split_k):
     check_linear(gemv_fp8(config), m, 50, 300, SMALL[scales], bias=m == 3)
 
 
+def silu_mul_operands(m: int, n: int, k: int, config: Fp8Config, seed: int = 0):
+    """The down projection's operands: [gate | up] [m, 2k] in DTYPE, e4m3 w [n, k] and its scales."""
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    gate_up = torch.randn(m, 2 * k, generator=gen, device=DEVICE).to(DTYPE)
+    w, scale = quantize_weight(torch.randn(n, k, generator=gen, device=DEVICE) / k**0.5, config)
+    return gate_up, w, scale
+
+
+def check_silu_mul_linear(kernel, m: int, n: int, k: int, config: Fp8Config, two_pass=None) -> None:
+    """kernel(gate_up [m, 2k], w [n, k], scale, config) multiplies silu_and_mul(gate_up) W^T: against the
+    reference of the two passes, and bit for bit `two_pass(silu_and_mul(gate_up), w, scale, config)` if given
+    (the same GEMM fed the activation kernel's output, as it was before the fusion)."""
+    gate_up, w, scale = silu_mul_operands(m, n, k, config, seed=m + n + k)
+    out = kernel(gate_up, w, scale, config)
+    assert out.shape == (m, n) and out.dtype == DTYPE
+    expected = fp8_linear_torch(silu_and_mul_torch(gate_up), w, scale, config)
+    torch.testing.assert_close(out.float().cpu(), expected.float().cpu(), **TOL)
+    if two_pass is not None:
+        assert torch.equal(out, two_pass(silu_and_mul(gate_up), w, scale, config))
+
+
 @pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
 @pytest.mark.parametrize("m", [1, 3])
 def test_fp8_gemv_with_silu_mul(m):
     """The down projection's GEMV takes [gate | up] and forms silu(gate) * up itself, then quantizes it."""
-    config = SMALL["block16x32"]
-    gate_up, w, scale, b = operands(m, 50, 600, config, seed=m)
-    w, scale = w[:, :300].contiguous(), scale[:, : 300 // 32 + 1].contiguous()
-    out = gemv(gate_up, w, None, GemvConfig(block_n=16, block_k=32, split_k=4), scale=scale, fp8=config,
-               silu_mul=True)
-    torch.testing.assert_close(out, fp8_linear_torch(silu_and_mul_torch(gate_up), w, scale, config), **TOL)
+    tiles = GemvConfig(block_n=16, block_k=32, split_k=4)
+    check_silu_mul_linear(lambda x, w, s, c: gemv(x, w, None, tiles, scale=s, fp8=c, silu_mul=True), m, 50, 300,
+                          SMALL["block16x32"])
+
+
+def check_silu_mul_quantization(m: int, k: int, rows: int, group: int, dtype: torch.dtype, row_pad: int) -> None:
+    """quantize_activation(x, silu_mul=True) for x [m, 2k] ([gate | up], rows `row_pad` columns apart when
+    row_pad > 0) padded to `rows`: bit for bit the two-pass path's (silu_and_mul, then quantize_activation),
+    and its real rows the torch reference's quantization of silu_and_mul_torch(x) within one e4m3 step, a few
+    values apart (torch's silu may round the product one unit apart in x's dtype; on the GPU, division is
+    approximate)."""
+    gen = torch.Generator(device=DEVICE).manual_seed(m + k)
+    x = (3 * torch.randn(m, 2 * k + row_pad, generator=gen, device=DEVICE)).to(dtype)[:, : 2 * k]
+    q, s = quantize_activation(x, group, rows, silu_mul=True)
+    two_pass_q, two_pass_s = quantize_activation(silu_and_mul(x), group, rows)
+    assert q.shape == (rows, k) and s.shape == (-(-k // group), rows)
+    assert torch.equal(q.float(), two_pass_q.float()) and torch.equal(s, two_pass_s)
+    assert not q[m:].float().any()
+    ref_q, ref_s = reference.quantize_activation(silu_and_mul_torch(x), group)
+    ours = (q[:m].float() * s[:, :m].t().repeat_interleave(group, 1)[:, :k]).cpu()
+    ref = (ref_q.float() * ref_s.repeat_interleave(group, 1)[:, :k]).cpu()
+    # one e4m3 step (at most an eighth of the value; 2^-9 below 2^-6) and 1% of a scale apart
+    assert ((ours - ref).abs() <= 0.13 * ref.abs() + 2**-9 * ref_s.max().cpu()).all()
+    assert (q[:m].float().cpu() != ref_q.float().cpu()).sum() <= ours.numel() // 100
+    torch.testing.assert_close(s[:, :m].t(), ref_s, rtol=1e-2, atol=0)  # one unit of bfloat16 in the largest value
+
+
+@pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
+@pytest.mark.parametrize("dtype", [torch.float32, LOW_PRECISION], ids=str)
+@pytest.mark.parametrize("m, rows, row_pad", [(5, 5, 0), (40, 48, 0), (17, 32, 50)],
+                         ids=["unpadded", "padded", "padded_strided_rows"])
+@pytest.mark.parametrize("group", [32, 128])
+def test_quantization_with_silu_mul(m, rows, row_pad, group, dtype):
+    """K = 300 is not a multiple of either group (a partial last group); in float16 the product is rounded to
+    x's dtype before it is quantized, as silu_and_mul's output is."""
+    check_silu_mul_quantization(m, 300, rows, group, dtype, row_pad)
+
+
+@pytest.mark.skipif(ON_GPU, reason="small shapes: the interpreter's")
+@pytest.mark.parametrize("scales", list(SMALL))
+def test_fp8_gemm_with_silu_mul(scales):
+    """Above the GEMV's 16 rows the down projection's GEMM takes [gate | up] (40 rows: two row tiles), its
+    activation formed while quantizing: the same output as silu_and_mul then the GEMM, bit for bit."""
+    tiles = Fp8GemmConfig(block_m=32, block_n=16)
+    check_silu_mul_linear(lambda x, w, s, c: fp8_gemm(x, w, s, c, tiles=tiles, silu_mul=True), 40, 50, 300,
+                          SMALL[scales], two_pass=lambda x, w, s, c: fp8_gemm(x, w, s, c, tiles=tiles))
 
 
 @pytest.mark.parametrize("scales", list(SMALL))
