@@ -17,11 +17,11 @@ from minisgl.engine.piecewise_graph import bucket_for, token_buckets
 from minisgl.server.args import parse_args
 
 
-def test_buckets_double_up_to_256_then_step_by_256_up_to_2048_then_by_512():
-    assert token_buckets(2048) == [16, 32, 64, 128, 256, 512, 768, 1024, 1280, 1536, 1792, 2048]
-    assert token_buckets(4000) == token_buckets(2048) + [2560, 3072, 3584, 4000]
-    assert token_buckets(9000) == token_buckets(2048) + list(range(2560, 8193, 512)) + [8704, 9000]
-    assert token_buckets(1000) == [16, 32, 64, 128, 256, 512, 768, 1000]
+def test_buckets_double_up_to_256_then_step_by_64_up_to_2048_then_by_256():
+    assert token_buckets(2048) == [16, 32, 64, 128, *range(256, 2049, 64)]
+    assert token_buckets(3000) == token_buckets(2048) + [2304, 2560, 2816, 3000]
+    assert token_buckets(9000) == token_buckets(2048) + list(range(2304, 8193, 256)) + [8448, 8704, 8960, 9000]
+    assert token_buckets(600) == [16, 32, 64, 128, 256, 320, 384, 448, 512, 576, 600]
     assert token_buckets(100) == [16, 32, 64, 100]
     assert token_buckets(8) == [8]
     assert token_buckets(0) == []
