@@ -11,7 +11,8 @@
 # READY_MODEL=NAME also starts a server on .bench_models/NAME.json (dummy weights) and logs its time to ready.
 # TESTS=subset (default: the fast-path subset, under 4 minutes on one H200) | all | none.
 # Carry .bench_models (model config.json files, dummy weights) for benchmarks and .whl (prepare-wheels.sh, plus xgrammar,
-# apache-tvm-ffi and jsonschema for structured outputs) for the
+# apache-tvm-ffi and jsonschema for structured outputs, and httptools: without it uvicorn parses HTTP with the
+# pure-Python h11, as a user's `pip install` never would; the server's "ready in" log line names both) for the
 # server packages; TP=2 runs need two GPUs.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

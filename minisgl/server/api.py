@@ -11,6 +11,7 @@ text; middleware.py the API key and the body size limit.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import os
 from contextlib import asynccontextmanager
@@ -138,10 +139,18 @@ def seconds_since_start() -> float:
         return -1.0
 
 
+def http_stack() -> str:
+    """The HTTP parser and event loop this process serves with, as uvicorn chose them: without httptools it
+    parses with the pure-Python h11, which costs more CPU per request and per streamed chunk (what a burst's
+    admissions and a busy server's streams wait on), so benchmark logs should say which ran."""
+    parser = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    return f"{parser}, {type(asyncio.get_running_loop()).__module__.split('.')[0]} loop"
+
+
 async def announce_ready(state: ServerState) -> None:
     await state.client.ready.wait()
     info = state.client.info
     where = state.args.uds or f"{state.args.host}:{state.args.port}"
-    logger.info("ready in %.1f s: model=%s dtype=%s device=%s tp=%d kv_capacity=%d tokens max_seq_len=%d on %s",
-                seconds_since_start(), state.args.served_model_name, info["dtype"], info["device"],
-                info["tp_size"], info["kv_capacity_tokens"], info["max_seq_len"], where)
+    logger.info("ready in %.1f s: model=%s dtype=%s device=%s tp=%d kv_capacity=%d tokens max_seq_len=%d on %s "
+                "(HTTP by %s)", seconds_since_start(), state.args.served_model_name, info["dtype"], info["device"],
+                info["tp_size"], info["kv_capacity_tokens"], info["max_seq_len"], where, http_stack())

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from importlib.util import find_spec
 
 import httpx
 import pytest
@@ -69,8 +70,11 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(model, tmp_path):
     assert "draining 1 in-flight request" in srv.output()
     # start-up is logged: the engine's parts, then the time to ready since the process started
     assert "engine built in" in srv.output() and "warm-up" in srv.output()
-    ready = re.search(r"ready in (\d+\.\d) s", srv.output())
+    ready = re.search(r"ready in (\d+\.\d) s.*\(HTTP by (\w+), (\w+) loop\)", srv.output())
     assert ready and 0 < float(ready[1]) < 120
+    # the parser and loop uvicorn serves with: httptools and uvloop wherever installed (the project depends on both)
+    expected = ("httptools" if find_spec("httptools") else "h11", "uvloop" if find_spec("uvloop") else "asyncio")
+    assert ready.groups()[1:] == expected
 
 
 def test_a_dead_scheduler_takes_the_server_down(model):
