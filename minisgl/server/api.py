@@ -11,7 +11,6 @@ text; middleware.py the API key and the body size limit.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import logging
 import os
 from contextlib import asynccontextmanager
@@ -22,6 +21,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from starlette.routing import Route
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from minisgl.server.errors import DESCRIPTIONS, install_error_handlers
 from minisgl.server.middleware import OPEN_PATHS, ApiKeyCheck, BodySizeLimit, RequestIdHeader
@@ -143,7 +143,7 @@ def http_stack() -> str:
     """The HTTP parser and event loop this process serves with, as uvicorn chose them: without httptools it
     parses with the pure-Python h11, which costs more CPU per request and per streamed chunk (what a burst's
     admissions and a busy server's streams wait on), so benchmark logs should say which ran."""
-    parser = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    parser = AutoHTTPProtocol.__module__.rsplit(".", 1)[-1].removesuffix("_impl")  # uvicorn's "auto" pick
     return f"{parser}, {type(asyncio.get_running_loop()).__module__.split('.')[0]} loop"
 
 
