@@ -7,7 +7,7 @@
 #   bash loadtest/gpu_run.sh                     # there, with .whl/ and .bench_models/qwen3-0.6b.json carried
 #
 # Wheels carried (what the GPU image lacks; it has torch, numpy, httpx, msgpack, jinja2, pytest): fastapi,
-# uvicorn, pyzmq, pydantic, starlette, openai for the server; locust (gevent, geventhttpclient, flask, requests,
+# uvicorn, httptools (else uvicorn parses HTTP in pure Python), pyzmq, pydantic, starlette, openai for the server; locust (gevent, geventhttpclient, flask, requests,
 # configargparse, psutil, ...) and matplotlib (pillow, fonttools, kiwisolver, contourpy, ...) for the load test.
 # Settings: RUN_TIME (per load level, default 45s), USERS ("1 16 64 256"), PROMPT_TOKENS (512),
 # OUTPUT_TOKENS (128), SLO (ttft:1s,tpot:50ms), CONFIG (.bench_models/qwen3-0.6b.json), SERVER_ARGS (extra flags).
@@ -18,7 +18,7 @@ if [ "${1:-}" = "--download-wheels" ]; then
   mkdir -p .whl
   python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    --platform any -d .whl fastapi uvicorn pyzmq pydantic starlette "openai<3" locust matplotlib
+    --platform any -d .whl fastapi uvicorn httptools pyzmq pydantic starlette "openai<3" locust matplotlib
   # the GPU image's own copies stay
   rm -f .whl/numpy-* .whl/pytest-* .whl/iniconfig-* .whl/pluggy-* .whl/pygments-* .whl/jinja2-* .whl/markupsafe-* \
         .whl/typing_extensions-* .whl/packaging-* .whl/tqdm-* .whl/anyio-* .whl/h11-* .whl/httpx-* .whl/httpcore-* \
