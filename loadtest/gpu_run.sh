@@ -7,8 +7,9 @@
 #   bash loadtest/gpu_run.sh                     # there, with .whl/ and .bench_models/qwen3-0.6b.json carried
 #
 # Wheels carried (what the GPU image lacks; it has torch, numpy, httpx, msgpack, jinja2, pytest): fastapi,
-# uvicorn, httptools (else uvicorn parses HTTP in pure Python), pyzmq, pydantic, starlette, openai for the server; locust (gevent, geventhttpclient, flask, requests,
-# configargparse, psutil, ...) and matplotlib (pillow, fonttools, kiwisolver, contourpy, ...) for the load test.
+# uvicorn, httptools (else uvicorn parses HTTP in pure Python), pyzmq, pydantic, starlette, openai for the server;
+# locust (gevent, geventhttpclient, flask, requests, configargparse, psutil, ...) and matplotlib (pillow, fonttools,
+# kiwisolver, contourpy, ...) for the load test.
 # Settings: RUN_TIME (per load level, default 45s), USERS ("1 16 64 256"), PROMPT_TOKENS (512),
 # OUTPUT_TOKENS (128), SLO (ttft:1s,tpot:50ms), CONFIG (.bench_models/qwen3-0.6b.json), SERVER_ARGS (extra flags).
 set -uo pipefail
