@@ -17,6 +17,7 @@ left out. The figures are a model for a budget, not a promise: the ratio the sch
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable
@@ -59,6 +60,29 @@ class StepCost:
             else:
                 high = mid - 1
         return low
+
+    def burst_room(self, backlog_tokens: int, decodes: int, kv_tokens: int, limit: int) -> int:
+        """The prefill tokens a step beside `decodes` decodes reading `kv_tokens` cached tokens should take from
+        `backlog_tokens` prompt tokens that all wait now, so that their first tokens come soonest on average; at
+        most `limit` and the backlog (Scheduler._burst_room).
+
+        In steps of s tokens the backlog's B tokens finish on average after (B/s + 1) / 2 steps of ms(decodes + s)
+        each. Where the model is a line a + p*s (between two buckets, or past the last), that is least at
+        s = sqrt(B*a/p): smaller steps finish the first prompts sooner, but each step pays `a` again. So the best
+        of that point on each piece (clamped to it) and the pieces' ends. Below the first bucket the model is
+        flat, so no step smaller than the bucket is chosen: it would cost as much and only add steps."""
+        def twice_mean_ms(step: int) -> float:
+            return self.ms(decodes + step, kv_tokens) * (backlog_tokens / step + 1)
+
+        top = max(1, min(limit, backlog_tokens))
+        ends = sorted({t - decodes for t in self.tokens if 1 < t - decodes < top} | {1, top})
+        steps = set(ends)
+        for low, high in zip(ends, ends[1:]):
+            slope = (self.ms(decodes + high, kv_tokens) - self.ms(decodes + low, kv_tokens)) / (high - low)
+            fixed = self.ms(decodes + low, kv_tokens) - slope * low  # the piece's line at no prefill
+            if slope > 0 and fixed > 0:
+                steps.add(min(high, max(low, round(math.sqrt(backlog_tokens * fixed / slope)))))
+        return min(sorted(steps), key=twice_mean_ms)
 
 
 def measure(replay: Callable[[int], None], buckets: list[int], kv_bytes_per_token: int,
