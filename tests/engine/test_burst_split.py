@@ -1,0 +1,102 @@
+"""Burst splitting (Scheduler._burst_room): beside fewer decodes than the cost ratio needs, prompts that wait
+together are cut into steps of StepCost.burst_room's size, so the first of them get their first token before the
+last is computed, until the decodes stalled in cut steps reach the number of requests present; then the whole
+budget until the prompt backlog is empty. Off (the offline default), a burst takes the whole budget.
+
+Each step's batch is read where the scheduler hands it to the (real) engine, with COST as its step cost model.
+"""
+
+from __future__ import annotations
+
+from engine.test_mixed_schedule import COST, drive, engine, greedy, prompts, record_batches, split
+from minisgl import LLM
+from minisgl.core import Batch, Req
+from minisgl.scheduler.scheduler import PREFILL_FLOOR
+
+BUDGET = 1024
+
+
+def burst_engine(path: str, on: bool = True) -> LLM:
+    """An engine with COST as its step cost model and burst splitting `on` (the scheduler's MIN_TIMED_DECODES
+    kept: every step here has fewer decodes)."""
+    llm = engine(path, max_prefill_tokens=BUDGET, max_running_requests=16)
+    llm.engine.step_cost, llm.scheduler.burst_split = COST, on
+    return llm
+
+
+def burst_steps(batches: list[Batch], burst: list[Req]) -> list[tuple[int, int, int, int]]:
+    """Per batch carrying chunks of the `burst`'s prompts (all waiting before the first): (decodes, cached tokens
+    they read, prefill tokens, prompt tokens left before it)."""
+    left, steps = sum(len(r.prompt_ids) for r in burst), []
+    for b in batches:
+        if any(r in b.reqs and b.extend_lens[b.reqs.index(r)] > 1 for r in burst):
+            decodes, kv, prefill = split(b)
+            steps.append((decodes, kv, prefill, left))
+            left -= prefill
+    assert left == 0
+    return steps
+
+
+def cut_to(decodes: int, kv: int, left: int) -> int:
+    """The prefill tokens of a step cut by burst_room with `left` prompt tokens waiting."""
+    return max(PREFILL_FLOOR, COST.burst_room(left, decodes, kv, BUDGET - decodes))
+
+
+def was_cut(decodes: int, kv: int, prefill: int, left: int) -> bool:
+    return prefill < min(left, BUDGET - decodes)
+
+
+def run_burst(path: str, on: bool) -> tuple[list[Batch], list[Req]]:
+    """Twelve prompts of 100 tokens at once, nothing else running."""
+    llm = burst_engine(path, on)
+    burst = [Req(i, p, greedy(4), seed=0) for i, p in enumerate(prompts([100] * 12))]
+    try:
+        batches = record_batches(llm)
+        drive(llm, burst)
+    finally:
+        llm.shutdown()
+    return batches, burst
+
+
+def test_a_burst_is_cut_into_steps_of_burst_rooms_size_and_its_first_prompts_start_early(tiny_models):
+    batches, burst = run_burst(tiny_models["qwen3"], on=True)
+    steps = burst_steps(batches, burst)
+    assert sum(was_cut(*step) for step in steps) >= 2  # 1,200 tokens: ~550 alone, ~500 beside five decodes, the rest
+    for decodes, kv, prefill, left in steps:
+        assert prefill == min(left, cut_to(decodes, kv, left))
+    sampled = [{b.reqs[i].rid for i in b.sampled} for b in batches]
+    first, last = (next(k for k, rids in enumerate(sampled) if r.rid in rids) for r in (burst[0], burst[-1]))
+    assert first < last  # the first prompt's first token was sampled before the last prompt was computed
+    assert [len(r.output_ids) for r in burst] == [4] * 12
+
+
+def test_without_burst_split_a_burst_takes_the_whole_budget(tiny_models):
+    batches, burst = run_burst(tiny_models["qwen3"], on=False)
+    assert [prefill for _, _, prefill, _ in burst_steps(batches, burst)] == [BUDGET, 1200 - BUDGET]
+
+
+def test_the_stall_budget_ends_the_cutting_until_the_backlog_is_empty(tiny_models):
+    """Three streams decode when two prompts of 1,000 tokens come: steps are cut while the decodes stalled in cut
+    steps stay below the five requests present, then the rest takes the whole budget although burst_room would
+    still cut it; a prompt coming once that backlog is empty is a new burst, cut again."""
+    llm = burst_engine(tiny_models["qwen3"])
+    short = [Req(i, p, greedy(40), seed=0) for i, p in enumerate(prompts([5, 7, 6]))]
+    burst = [Req(10 + i, p, greedy(4), seed=0) for i, p in enumerate(prompts([1000, 1000], seed=1))]
+    late = Req(20, prompts([1000], seed=2)[0], greedy(4), seed=0)
+    try:
+        batches = record_batches(llm)
+        drive(llm, short, arrivals={3: burst, 20: [late]})
+    finally:
+        llm.shutdown()
+    steps = burst_steps([b for b in batches if late not in b.reqs], burst)
+    cuts = [was_cut(*step) for step in steps]
+    spent = cuts.index(False)  # the first step after the budget was spent: none is cut from there on
+    assert spent >= 2 and not any(cuts[spent:])
+    assert all(prefill == cut_to(decodes, kv, left) for decodes, kv, prefill, left in steps[:spent])
+    stalls = [decodes for decodes, *_ in steps]
+    assert sum(stalls[:spent - 1]) < 5 <= sum(stalls[:spent])  # the last cut spent what was left
+    decodes, kv, prefill, left = steps[spent]
+    assert cut_to(decodes, kv, left) < min(left, BUDGET - decodes) == prefill  # burst_room alone would cut it
+    decodes, kv, prefill, left = burst_steps([b for b in batches if late in b.reqs], [late])[0]
+    assert prefill == cut_to(decodes, kv, left) < left  # a new burst: cut again
+    assert all(len(r.output_ids) == 40 for r in short)
