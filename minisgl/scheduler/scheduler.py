@@ -45,6 +45,7 @@ PREFILL_FLOOR = 64  # prefill tokens a step may always carry beside decodes (Sch
 MIN_TIMED_DECODES = 32  # fewer decodes than this: the token budget alone bounds a step (Scheduler._prefill_room)
 BACKLOG_STEPS = 4  # more prompt tokens waiting than this many steps at K take in: a backlog (see _prefill_room)
 BACKLOG_RATIO = 2.0  # K is this much larger while there is one
+BURST_PROMPTS = 32  # a burst's step is planned for its first this many prompts (Scheduler._burst_room: O(n^2))
 
 
 class Scheduler:
@@ -310,21 +311,21 @@ class Scheduler:
         return max(PREFILL_FLOOR, timed)
 
     def _burst_room(self, decodes: list[Req], room: int) -> int:
-        """`room`, or less to cut a burst of waiting prompt tokens into steps of StepCost.burst_room, which minimise
-        their mean time to first token: 16 closed-loop streams of qwen3-8b on an H100 send ~10k tokens of prompts
+        """`room`, or less to cut a burst of waiting prompts into steps of StepCost.burst_room, which minimise their
+        mean time to first token: 16 closed-loop streams of qwen3-8b on an H100 send ~10k tokens of prompts
         together, and as ~3 budget-sized steps most of them waited for the biggest (TTFT p50 ~249 ms; cut, ~151).
         The price: streams already decoding run in every cut step and stall in each (cut without a cap: ITL p99 7.9
         -> 25.7 ms). So each burst has a stall budget: the decodes carried by steps that the cut held prompt
         tokens back from, at most one per request present (running and waiting), i.e. about one stall each; then
         the whole room until the backlog is empty, which starts a new burst. Counted in requests and tokens, not
         time, so that tensor-parallel ranks agree."""
-        backlog = self._prompt_backlog()
-        if not backlog:
+        queue = self._prompt_queue()
+        if not queue:
             self.burst_stalls = 0
-        if not backlog or self.burst_stalls >= len(self.running) + len(self.waiting):
+        if not queue or self.burst_stalls >= len(self.running) + len(self.waiting):
             return room
-        cut = max(PREFILL_FLOOR, self.engine.step_cost.burst_room(backlog, len(decodes),
-                                                                  sum(r.kv_len for r in decodes), room))
+        backlog, kv_tokens = sum(queue), sum(r.kv_len for r in decodes)
+        cut = max(PREFILL_FLOOR, self.engine.step_cost.burst_room(queue[:BURST_PROMPTS], len(decodes), kv_tokens, room))
         if cut >= min(backlog, room):
             return room
         self.burst_stalls += len(decodes)
@@ -332,8 +333,12 @@ class Scheduler:
 
     def _prompt_backlog(self) -> int:
         """Prompt tokens not computed yet: the running requests' unfinished prompts and the waiting ones'."""
-        running = sum(r.device_len - r.kv_len for r in self.running if r.device_len - r.kv_len > 1)
-        return running + sum(r.seq_len - r.kv_len for r in self.waiting)
+        return sum(self._prompt_queue())
+
+    def _prompt_queue(self) -> list[int]:
+        """The prompt tokens each unfinished prompt has left, in the order `_fill` serves them."""
+        running = [r.device_len - r.kv_len for r in self.running if r.device_len - r.kv_len > 1]
+        return running + [r.seq_len - r.kv_len for r in self.waiting]
 
     def _constrained(self, batch: Batch) -> bool:
         """Some request the batch samples for has a grammar."""

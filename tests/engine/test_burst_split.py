@@ -37,9 +37,13 @@ def burst_steps(batches: list[Batch], burst: list[Req]) -> list[tuple[int, int, 
     return steps
 
 
-def cut_to(decodes: int, kv: int, left: int) -> int:
-    """The prefill tokens of a step cut by burst_room with `left` prompt tokens waiting."""
-    return max(PREFILL_FLOOR, COST.burst_room(left, decodes, kv, BUDGET - decodes))
+def cut_to(decodes: int, kv: int, lengths: list[int], left: int) -> int:
+    """The prefill tokens of a step cut by burst_room when prompts of `lengths` have `left` tokens left."""
+    queue = list(lengths)
+    while sum(queue) > left:
+        queue[0] -= min(queue[0], sum(queue) - left)
+        queue = queue if queue[0] else queue[1:]
+    return max(PREFILL_FLOOR, COST.burst_room(queue, decodes, kv, BUDGET - decodes))
 
 
 def was_cut(decodes: int, kv: int, prefill: int, left: int) -> bool:
@@ -63,7 +67,7 @@ def test_a_burst_is_cut_into_steps_of_burst_rooms_size_and_its_first_prompts_sta
     steps = burst_steps(batches, burst)
     assert sum(was_cut(*step) for step in steps) >= 2  # 1,200 tokens: ~550 alone, ~500 beside five decodes, the rest
     for decodes, kv, prefill, left in steps:
-        assert prefill == min(left, cut_to(decodes, kv, left))
+        assert prefill == min(left, cut_to(decodes, kv, [100] * 12, left))
     sampled = [{b.reqs[i].rid for i in b.sampled} for b in batches]
     first, last = (next(k for k, rids in enumerate(sampled) if r.rid in rids) for r in (burst[0], burst[-1]))
     assert first < last  # the first prompt's first token was sampled before the last prompt was computed
@@ -76,27 +80,28 @@ def test_without_burst_split_a_burst_takes_the_whole_budget(tiny_models):
 
 
 def test_the_stall_budget_ends_the_cutting_until_the_backlog_is_empty(tiny_models):
-    """Three streams decode when two prompts of 1,000 tokens come: steps are cut while the decodes stalled in cut
-    steps stay below the five requests present, then the rest takes the whole budget although burst_room would
-    still cut it; a prompt coming once that backlog is empty is a new burst, cut again."""
+    """Ten streams decode when eight prompts of 300 tokens come: steps are cut while the decodes stalled in cut
+    steps stay below the eighteen requests present, then the rest takes the whole budget although burst_room would
+    still cut it; prompts coming once that backlog is empty are a new burst, cut again."""
     llm = burst_engine(tiny_models["qwen3"])
-    short = [Req(i, p, greedy(40), seed=0) for i, p in enumerate(prompts([5, 7, 6]))]
-    burst = [Req(10 + i, p, greedy(4), seed=0) for i, p in enumerate(prompts([1000, 1000], seed=1))]
-    late = Req(20, prompts([1000], seed=2)[0], greedy(4), seed=0)
+    short = [Req(i, p, greedy(60), seed=0) for i, p in enumerate(prompts([5, 7, 6, 8, 5, 9, 4, 6, 7, 5]))]
+    lengths, late_lengths = [300] * 8, [300] * 3
+    burst = [Req(10 + i, p, greedy(4), seed=0) for i, p in enumerate(prompts(lengths, seed=1))]
+    late = [Req(20 + i, p, greedy(4), seed=0) for i, p in enumerate(prompts(late_lengths, seed=2))]
     try:
         batches = record_batches(llm)
-        drive(llm, short, arrivals={3: burst, 20: [late]})
+        drive(llm, short, arrivals={3: burst, 30: late})
     finally:
         llm.shutdown()
-    steps = burst_steps([b for b in batches if late not in b.reqs], burst)
+    steps = burst_steps([b for b in batches if not any(r in b.reqs for r in late)], burst)
     cuts = [was_cut(*step) for step in steps]
     spent = cuts.index(False)  # the first step after the budget was spent: none is cut from there on
     assert spent >= 2 and not any(cuts[spent:])
-    assert all(prefill == cut_to(decodes, kv, left) for decodes, kv, prefill, left in steps[:spent])
+    assert all(prefill == cut_to(decodes, kv, lengths, left) for decodes, kv, prefill, left in steps[:spent])
     stalls = [decodes for decodes, *_ in steps]
-    assert sum(stalls[:spent - 1]) < 5 <= sum(stalls[:spent])  # the last cut spent what was left
+    assert sum(stalls[:spent - 1]) < 18 <= sum(stalls[:spent])  # the last cut spent what was left
     decodes, kv, prefill, left = steps[spent]
-    assert cut_to(decodes, kv, left) < min(left, BUDGET - decodes) == prefill  # burst_room alone would cut it
-    decodes, kv, prefill, left = burst_steps([b for b in batches if late in b.reqs], [late])[0]
-    assert prefill == cut_to(decodes, kv, left) < left  # a new burst: cut again
-    assert all(len(r.output_ids) == 40 for r in short)
+    assert cut_to(decodes, kv, lengths, left) < min(left, BUDGET - decodes) == prefill  # burst_room alone would cut
+    decodes, kv, prefill, left = burst_steps([b for b in batches if any(r in b.reqs for r in late)], late)[0]
+    assert prefill == cut_to(decodes, kv, late_lengths, left) < left  # a new burst: cut again
+    assert all(len(r.output_ids) == 60 for r in short)
