@@ -45,6 +45,7 @@ PREFILL_FLOOR = 64  # prefill tokens a step may always carry beside decodes (Sch
 MIN_TIMED_DECODES = 32  # fewer decodes than this: the token budget alone bounds a step (Scheduler._prefill_room)
 BACKLOG_STEPS = 4  # more prompt tokens waiting than this many steps at K take in: a backlog (see _prefill_room)
 BACKLOG_RATIO = 2.0  # K is this much larger while there is one
+STALL_GAPS = 256  # a stream's tokens per stall in a cut step it earns (Scheduler._burst_room)
 BURST_PROMPTS = 32  # a burst's step is planned for its first this many prompts (Scheduler._burst_room: O(n^2))
 
 
@@ -56,7 +57,7 @@ class Scheduler:
         self.max_running = args.max_running_requests
         self.step_ratio, self.min_timed_decodes = args.max_mixed_step_ratio, MIN_TIMED_DECODES
         self.burst_split = args.burst_split
-        self.burst_stalls = 0  # decodes carried by steps a burst was cut into since the prompt backlog was empty
+        self.stall_credit, self.stall_gaps = 0.0, STALL_GAPS  # stalls cut steps may still cause (_burst_room)
         self.overlap = args.overlap_schedule
         self.eos_ids = set(engine.config.eos_token_ids)
         self.kv = KVCacheManager(engine.num_pages, args.page_size, make_prefix_cache(args.cache_type, args.page_size),
@@ -313,22 +314,24 @@ class Scheduler:
     def _burst_room(self, decodes: list[Req], room: int) -> int:
         """`room`, or less to cut a burst of waiting prompts into steps of StepCost.burst_room, which minimise their
         mean time to first token: 16 closed-loop streams of qwen3-8b on an H100 send ~10k tokens of prompts
-        together, and as ~3 budget-sized steps most of them waited for the biggest (TTFT p50 ~249 ms; cut, ~151).
-        The price: streams already decoding run in every cut step and stall in each (cut without a cap: ITL p99 7.9
-        -> 25.7 ms). So each burst has a stall budget: the decodes carried by steps that the cut held prompt
-        tokens back from, at most one per request present (running and waiting), i.e. about one stall each; then
-        the whole room until the backlog is empty, which starts a new burst. Counted in requests and tokens, not
-        time, so that tensor-parallel ranks agree."""
+        together, and as ~3 budget-sized steps most of them waited for the biggest (TTFT p50 ~245 ms; cut, ~150).
+        The price: streams already decoding run in every cut step and stall in each (cut freely: ITL p99 7.9 ->
+        25.7 ms; a stall budget per burst did not bound it, as prompts trickle in and the backlog empties between
+        them, 21-23 ms). So stalls are earned: each decode adds 1/stall_gaps of a stall to a credit (at most one
+        per request present), and a cut step spends one per decode it holds; a step with no decodes stalls nobody.
+        A stream then stalls in cut steps about once per stall_gaps of its tokens, too rarely to move its ITL p99.
+        Counted in requests and tokens, not time, so that tensor-parallel ranks agree."""
+        cap = len(self.running) + len(self.waiting)  # earned up to it, kept when requests finish
+        if self.stall_credit < cap:
+            self.stall_credit = min(cap, self.stall_credit + len(decodes) / self.stall_gaps)
         queue = self._prompt_queue()
-        if not queue:
-            self.burst_stalls = 0
-        if not queue or self.burst_stalls >= len(self.running) + len(self.waiting):
+        if not queue or self.stall_credit < len(decodes):
             return room
-        backlog, kv_tokens = sum(queue), sum(r.kv_len for r in decodes)
+        kv_tokens = sum(r.kv_len for r in decodes)
         cut = max(PREFILL_FLOOR, self.engine.step_cost.burst_room(queue[:BURST_PROMPTS], len(decodes), kv_tokens, room))
-        if cut >= min(backlog, room):
+        if cut >= min(sum(queue), room):
             return room
-        self.burst_stalls += len(decodes)
+        self.stall_credit -= len(decodes)
         return cut
 
     def _prompt_backlog(self) -> int:

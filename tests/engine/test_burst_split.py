@@ -1,7 +1,7 @@
 """Burst splitting (Scheduler._burst_room): beside fewer decodes than the cost ratio needs, prompts that wait
 together are cut into steps of StepCost.burst_room's size, so the first of them get their first token before the
-last is computed, until the decodes stalled in cut steps reach the number of requests present; then the whole
-budget until the prompt backlog is empty. Off (the offline default), a burst takes the whole budget.
+last is computed, as long as the decodes a cut step stalls have earned the stall (one per STALL_GAPS tokens each);
+otherwise a step takes the whole budget. Off (the offline default), a burst takes the whole budget.
 
 Each step's batch is read where the scheduler hands it to the (real) engine, with COST as its step cost model.
 """
@@ -19,7 +19,7 @@ BUDGET = 1024
 def burst_engine(path: str, on: bool = True) -> LLM:
     """An engine with COST as its step cost model and burst splitting `on` (the scheduler's MIN_TIMED_DECODES
     kept: every step here has fewer decodes)."""
-    llm = engine(path, max_prefill_tokens=BUDGET, max_running_requests=16)
+    llm = engine(path, max_prefill_tokens=BUDGET, max_running_requests=32)
     llm.engine.step_cost, llm.scheduler.burst_split = COST, on
     return llm
 
@@ -51,7 +51,7 @@ def was_cut(decodes: int, kv: int, prefill: int, left: int) -> bool:
 
 
 def run_burst(path: str, on: bool) -> tuple[list[Batch], list[Req]]:
-    """Twelve prompts of 100 tokens at once, nothing else running."""
+    """Twelve prompts of 100 tokens at once, nothing else running (so no stall earned)."""
     llm = burst_engine(path, on)
     burst = [Req(i, p, greedy(4), seed=0) for i, p in enumerate(prompts([100] * 12))]
     try:
@@ -64,10 +64,10 @@ def run_burst(path: str, on: bool) -> tuple[list[Batch], list[Req]]:
 
 def test_a_burst_is_cut_into_steps_of_burst_rooms_size_and_its_first_prompts_start_early(tiny_models):
     batches, burst = run_burst(tiny_models["qwen3"], on=True)
-    steps = burst_steps(batches, burst)
-    assert sum(was_cut(*step) for step in steps) >= 2  # 1,200 tokens: ~550 alone, ~500 beside five decodes, the rest
-    for decodes, kv, prefill, left in steps:
-        assert prefill == min(left, cut_to(decodes, kv, [100] * 12, left))
+    (decodes, kv, prefill, left), *rest = burst_steps(batches, burst)
+    assert decodes == 0 and prefill == cut_to(0, 0, [100] * 12, left) < left  # stalls nobody: cut freely
+    for decodes, kv, prefill, left in rest:  # beside decodes that earned no stalls yet: the whole budget
+        assert decodes > 0 and prefill == min(left, BUDGET - decodes)
     sampled = [{b.reqs[i].rid for i in b.sampled} for b in batches]
     first, last = (next(k for k, rids in enumerate(sampled) if r.rid in rids) for r in (burst[0], burst[-1]))
     assert first < last  # the first prompt's first token was sampled before the last prompt was computed
@@ -79,29 +79,27 @@ def test_without_burst_split_a_burst_takes_the_whole_budget(tiny_models):
     assert [prefill for _, _, prefill, _ in burst_steps(batches, burst)] == [BUDGET, 1200 - BUDGET]
 
 
-def test_the_stall_budget_ends_the_cutting_until_the_backlog_is_empty(tiny_models):
-    """Ten streams decode when eight prompts of 300 tokens come: steps are cut while the decodes stalled in cut
-    steps stay below the eighteen requests present, then the rest takes the whole budget although burst_room would
-    still cut it; prompts coming once that backlog is empty are a new burst, cut again."""
+def test_cut_steps_spend_stalls_the_decodes_earned(tiny_models):
+    """Ten streams decode, each earning a stall every 16 tokens, up to one each (the scheduler's STALL_GAPS made
+    small), when eight prompts of 300 tokens come: the first step is cut and spends the ten stalls, so the next takes
+    the whole budget although burst_room would still cut it; prompts coming once the credit is earned again are cut
+    again."""
     llm = burst_engine(tiny_models["qwen3"])
-    short = [Req(i, p, greedy(60), seed=0) for i, p in enumerate(prompts([5, 7, 6, 8, 5, 9, 4, 6, 7, 5]))]
+    llm.scheduler.stall_gaps = 16
+    short = [Req(i, p, greedy(90), seed=0) for i, p in enumerate(prompts([5, 7, 6, 8, 5, 9, 4, 6, 7, 5]))]
     lengths, late_lengths = [300] * 8, [300] * 3
     burst = [Req(10 + i, p, greedy(4), seed=0) for i, p in enumerate(prompts(lengths, seed=1))]
     late = [Req(20 + i, p, greedy(4), seed=0) for i, p in enumerate(prompts(late_lengths, seed=2))]
     try:
         batches = record_batches(llm)
-        drive(llm, short, arrivals={3: burst, 30: late})
+        drive(llm, short, arrivals={20: burst, 60: late})
     finally:
         llm.shutdown()
     steps = burst_steps([b for b in batches if not any(r in b.reqs for r in late)], burst)
-    cuts = [was_cut(*step) for step in steps]
-    spent = cuts.index(False)  # the first step after the budget was spent: none is cut from there on
-    assert spent >= 2 and not any(cuts[spent:])
-    assert all(prefill == cut_to(decodes, kv, lengths, left) for decodes, kv, prefill, left in steps[:spent])
-    stalls = [decodes for decodes, *_ in steps]
-    assert sum(stalls[:spent - 1]) < 18 <= sum(stalls[:spent])  # the last cut spent what was left
-    decodes, kv, prefill, left = steps[spent]
+    (decodes, kv, prefill, left), after = steps[0], steps[1]
+    assert decodes == 10 and prefill == cut_to(decodes, kv, lengths, left) < left  # cut, spending the ten stalls
+    decodes, kv, prefill, left = after
     assert cut_to(decodes, kv, lengths, left) < min(left, BUDGET - decodes) == prefill  # burst_room alone would cut
     decodes, kv, prefill, left = burst_steps([b for b in batches if any(r in b.reqs for r in late)], late)[0]
-    assert prefill == cut_to(decodes, kv, late_lengths, left) < left  # a new burst: cut again
-    assert all(len(r.output_ids) == 60 for r in short)
+    assert decodes >= 10 and prefill == cut_to(decodes, kv, late_lengths, left) < left  # earned again: cut again
+    assert all(len(r.output_ids) == 90 for r in short)
