@@ -287,7 +287,7 @@ class Scheduler:
         gap percentiles count stalls: at 16 streams the cap raised ITL p99 (qwen3-0.6b 6.1 / 6.7 ms at K = 3 /
         2; qwen3-8b 27.7 ms, against 8.6 ms unchunked in an earlier session), while at 64 streams it lowered it.
         At least PREFILL_FLOOR tokens, so a prompt always advances. With fewer decodes (none included) a burst of
-        prompts may be cut instead, for its mean TTFT (--disable-burst-split turns that off; see `_burst_room`).
+        prompts may be cut instead, for its mean TTFT (--burst-split; see `_burst_room`).
 
         Why two ratios: one K cannot serve a trickle of prompts and a burst. A small K keeps the gaps short while
         prompts come one or two at a time, but drains a burst slowly: its prompts wait (TTFT) and their decodes
@@ -313,14 +313,15 @@ class Scheduler:
 
     def _burst_room(self, decodes: list[Req], room: int) -> int:
         """`room`, or less to cut a burst of waiting prompts into steps of StepCost.burst_room, which minimise their
-        mean time to first token: 16 closed-loop streams of qwen3-8b on an H100 send ~10k tokens of prompts
-        together, and as ~3 budget-sized steps most of them waited for the biggest (TTFT p50 ~245 ms; cut, ~150).
-        The price: streams already decoding run in every cut step and stall in each (cut freely: ITL p99 7.9 ->
-        25.7 ms; a stall budget per burst did not bound it, as prompts trickle in and the backlog empties between
-        them, 21-23 ms). So stalls are earned: each decode adds 1/stall_gaps of a stall to a credit (at most one
-        per request present), and a cut step spends one per decode it holds; a step with no decodes stalls nobody.
-        A stream then stalls in cut steps about once per stall_gaps of its tokens, too rarely to move its ITL p99.
-        Counted in requests and tokens, not time, so that tensor-parallel ranks agree."""
+        mean time to first token (--burst-split). 16 closed-loop streams send their next prompts together, and as
+        ~3 budget-sized steps most of them wait for the biggest. The price: streams already decoding stall in every
+        cut step. So stalls are earned: each decode adds 1/stall_gaps of a stall to a credit (at most one per request
+        present), a cut step spends one per decode it holds, and a step with no decodes stalls nobody. (A budget per
+        burst bounded nothing: prompts trickle in, and the backlog empties between them.) Still the cut steps, and
+        the whole-budget step after the credit is spent, hold more decodes than the uncut burst's steps did: on an
+        H100, qwen3-8b at 16 streams, TTFT p50 126-132 ms against 219-244, but ITL p99 21.5-23.6 ms against
+        10.9-12.9 (docs/benchmarks.md, 2026-11-26 session 6). Hence opt-in, for a burst's median first token over
+        the inter-token tail. Counted in requests and tokens, not time, so that tensor-parallel ranks agree."""
         cap = len(self.running) + len(self.waiting)  # earned up to it, kept when requests finish
         if self.stall_credit < cap:
             self.stall_credit = min(cap, self.stall_credit + len(decodes) / self.stall_gaps)

@@ -139,11 +139,11 @@ def test_burst_room_serves_the_issues_burst_of_sixteen_prompts(seed):
     assert mean_first_token_ms(cost, lengths, steps, 0, 0) <= 0.85 * mean_first_token_ms(cost, lengths, [8192], 0, 0)
 
 
-def test_the_server_cuts_bursts_unless_told(tiny_models):
+def test_bursts_are_cut_only_when_asked(tiny_models):
     base = ["--model", tiny_models["qwen3"], "--device", "cpu"]
-    assert parse_args(base).engine.burst_split
-    assert not parse_args(base + ["--disable-burst-split"]).engine.burst_split
-    assert not EngineArgs(tiny_models["qwen3"]).burst_split  # offline: throughput first
+    assert not parse_args(base).engine.burst_split
+    assert parse_args(base + ["--burst-split"]).engine.burst_split
+    assert not EngineArgs(tiny_models["qwen3"]).burst_split
 
 
 def test_the_server_keeps_mixed_steps_within_two_decode_steps_unless_told(tiny_models):
