@@ -45,6 +45,8 @@ PREFILL_FLOOR = 64  # prefill tokens a step may always carry beside decodes (Sch
 MIN_TIMED_DECODES = 32  # fewer decodes than this: the token budget alone bounds a step (Scheduler._prefill_room)
 BACKLOG_STEPS = 4  # more prompt tokens waiting than this many steps at K take in: a backlog (see _prefill_room)
 BACKLOG_RATIO = 2.0  # K is this much larger while there is one
+STALL_GAPS = 256  # a stream's tokens per stall in a cut step it earns (Scheduler._burst_room)
+BURST_PROMPTS = 32  # a burst's step is planned for its first this many prompts (Scheduler._burst_room: O(n^2))
 
 
 class Scheduler:
@@ -54,6 +56,8 @@ class Scheduler:
         self.max_prefill_tokens = args.max_prefill_tokens
         self.max_running = args.max_running_requests
         self.step_ratio, self.min_timed_decodes = args.max_mixed_step_ratio, MIN_TIMED_DECODES
+        self.burst_split = args.burst_split
+        self.stall_credit, self.stall_gaps = 0.0, STALL_GAPS  # stalls cut steps may still cause (_burst_room)
         self.overlap = args.overlap_schedule
         self.eos_ids = set(engine.config.eos_token_ids)
         self.kv = KVCacheManager(engine.num_pages, args.page_size, make_prefix_cache(args.cache_type, args.page_size),
@@ -285,8 +289,8 @@ class Scheduler:
         steps that each stay within K stalls the same few streams several times instead of once, and the
         gap percentiles count stalls: at 16 streams the cap raised ITL p99 (qwen3-0.6b 6.1 / 6.7 ms at K = 3 /
         2; qwen3-8b 27.7 ms, against 8.6 ms unchunked in an earlier session), while at 64 streams it lowered it.
-        At least PREFILL_FLOOR tokens, so a prompt always advances; without decodes the budget alone rules
-        (nobody waits on the step).
+        At least PREFILL_FLOOR tokens, so a prompt always advances. With fewer decodes (none included) a burst of
+        prompts may be cut instead, for its mean TTFT (--burst-split; see `_burst_room`).
 
         Why two ratios: one K cannot serve a trickle of prompts and a burst. A small K keeps the gaps short while
         prompts come one or two at a time, but drains a burst slowly: its prompts wait (TTFT) and their decodes
@@ -297,20 +301,51 @@ class Scheduler:
         28.2 ms (K = 3: 646 / 27.7). A larger ratio still (K times the budgets waiting: vLLM's operating point,
         tried in the session before) lengthened the gaps to vLLM's (ITL p99 200 ms at 256 streams) for no gain
         in TTFT p99. The backlog is counted in tokens, not waiting time, so that tensor-parallel ranks agree."""
-        room = self.max_prefill_tokens - len(decodes)
-        if len(decodes) < self.min_timed_decodes or not self.step_ratio or self.engine.step_cost is None \
-                or room <= PREFILL_FLOOR:
+        room, cost = self.max_prefill_tokens - len(decodes), self.engine.step_cost
+        if cost is None or room <= PREFILL_FLOOR:
             return room
-        cost, kv_tokens = self.engine.step_cost, sum(r.kv_len for r in decodes)
+        if len(decodes) < self.min_timed_decodes:
+            return self._burst_room(decodes, room) if self.burst_split else room
+        if not self.step_ratio:
+            return room
+        kv_tokens = sum(r.kv_len for r in decodes)
         timed = cost.prefill_room(len(decodes), kv_tokens, self.step_ratio, room)
         if self._prompt_backlog() > BACKLOG_STEPS * timed:
             timed = cost.prefill_room(len(decodes), kv_tokens, BACKLOG_RATIO * self.step_ratio, room)
         return max(PREFILL_FLOOR, timed)
 
+    def _burst_room(self, decodes: list[Req], room: int) -> int:
+        """`room`, or less to cut a burst of waiting prompts into steps of StepCost.burst_room, which minimise their
+        mean time to first token (--burst-split). 16 closed-loop streams send their next prompts together, and as
+        ~3 budget-sized steps most of them wait for the biggest. The price: streams already decoding stall in every
+        cut step. So stalls are earned: each decode adds 1/stall_gaps of a stall to a credit (at most one per request
+        present), a cut step spends one per decode it holds, and a step with no decodes stalls nobody. (A budget per
+        burst bounded nothing: prompts trickle in, and the backlog empties between them.) Still the cut steps, and
+        the whole-budget step after the credit is spent, hold more decodes than the uncut burst's steps did: on an
+        H100, qwen3-8b at 16 streams, TTFT p50 126-132 ms against 219-244, but ITL p99 21.5-23.6 ms against
+        10.9-12.9 (docs/benchmarks.md, 2026-11-26 session 6). Hence opt-in, for a burst's median first token over
+        the inter-token tail. Counted in requests and tokens, not time, so that tensor-parallel ranks agree."""
+        cap = len(self.running) + len(self.waiting)  # earned up to it, kept when requests finish
+        if self.stall_credit < cap:
+            self.stall_credit = min(cap, self.stall_credit + len(decodes) / self.stall_gaps)
+        queue = self._prompt_queue()
+        if not queue or self.stall_credit < len(decodes):
+            return room
+        kv_tokens = sum(r.kv_len for r in decodes)
+        cut = max(PREFILL_FLOOR, self.engine.step_cost.burst_room(queue[:BURST_PROMPTS], len(decodes), kv_tokens, room))
+        if cut >= min(sum(queue), room):
+            return room
+        self.stall_credit -= len(decodes)
+        return cut
+
     def _prompt_backlog(self) -> int:
         """Prompt tokens not computed yet: the running requests' unfinished prompts and the waiting ones'."""
-        running = sum(r.device_len - r.kv_len for r in self.running if r.device_len - r.kv_len > 1)
-        return running + sum(r.seq_len - r.kv_len for r in self.waiting)
+        return sum(self._prompt_queue())
+
+    def _prompt_queue(self) -> list[int]:
+        """The prompt tokens each unfinished prompt has left, in the order `_fill` serves them."""
+        running = [r.device_len - r.kv_len for r in self.running if r.device_len - r.kv_len > 1]
+        return running + [r.seq_len - r.kv_len for r in self.waiting]
 
     def _constrained(self, batch: Batch) -> bool:
         """Some request the batch samples for has a grammar."""

@@ -154,6 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "at start-up (CUDA, with piecewise graphs): it bounds the inter-token gap a prompt "
                              "arriving under load causes, and twice it while more prompt tokens wait than four such "
                              "steps take in; 0: only the token budget bounds the chunks (default: 2)")
+    engine.add_argument("--burst-split", action="store_true",
+                        help="with fewer running decodes than --max-mixed-step-ratio needs, cut prompts that arrive "
+                             "together into the steps that get them their first tokens soonest on average (by the step "
+                             "cost model), as far as the decodes have earned the stalls (one per 256 tokens each); "
+                             "trades the inter-token tail for a burst's median TTFT (off by default)")
     engine.add_argument("--disable-overlap-schedule", "--no-async-scheduling", action="store_true",
                         help="run each step to completion before scheduling the next (overlap is on by default; "
                              "vLLM calls it async scheduling)")
@@ -265,7 +270,7 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
             dummy_weights=a.dummy_weight or a.load_format == "dummy",
             cuda_graph_max_bs=0 if a.enforce_eager else a.cuda_graph_max_bs,
             piecewise_graph_max_tokens=0 if a.disable_piecewise_cuda_graph else a.piecewise_cuda_graph_max_tokens,
-            max_mixed_step_ratio=a.max_mixed_step_ratio,
+            max_mixed_step_ratio=a.max_mixed_step_ratio, burst_split=a.burst_split,
             overlap_schedule=not a.disable_overlap_schedule, kv_cache_dtype=a.kv_cache_dtype,
             quantization=a.quantization, tokenizer=a.tokenizer, trust_remote_code=a.trust_remote_code)
     except ValueError as exc:
