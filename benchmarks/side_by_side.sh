@@ -34,7 +34,8 @@ for spec in "$@"; do
     --server-args="${flags//,/ }" --log "$logs/$tag.server.log" --json "$out/online.jsonl" "${trace[@]}" \
     > "$logs/$tag.txt" 2>&1
   code=$?
-  { echo; echo "$spec (exit $code, $((SECONDS - start)) s): $(grep -a '^ready in' "$logs/$tag.txt")"
+  stack=$(grep -ao '(HTTP by [^)]*)' "$logs/$tag.server.log" | tail -1)  # minisgl's parser and loop (see api.py)
+  { echo; echo "$spec (exit $code, $((SECONDS - start)) s): $(grep -a '^ready in' "$logs/$tag.txt") $stack"
     grep -a '^|' "$logs/$tag.txt"
     if [ ${#trace[@]} -gt 0 ]; then
       python3 benchmarks/ttft_trace.py "$logs/$tag.requests.jsonl" "$logs/$tag.trace.jsonl"
