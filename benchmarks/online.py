@@ -183,6 +183,8 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {r['streams']} | {r['ttft_p50_ms']} / {r['ttft_p99_ms']} | {r['itl_p50_ms']} / "
                      f"{r['itl_p99_ms']} | {r['tpot_p50_ms']} / {r['tpot_p99_ms']} | {r['output_tok_s']:,} | "
                      f"{stages} |")
+    lines += [f"{r['streams']} streams: {r['errors']} of {r['requests']} requests failed (first: {r['first_error']})"
+              for r in rows if r.get("errors")]  # a failed request has no timings: the table alone would hide it
     return "\n".join(lines)
 
 

@@ -36,7 +36,7 @@ for spec in "$@"; do
   code=$?
   stack=$(grep -ao '(HTTP by [^)]*)' "$logs/$tag.server.log" | tail -1)  # minisgl's parser and loop (see api.py)
   { echo; echo "$spec (exit $code, $((SECONDS - start)) s): $(grep -a '^ready in' "$logs/$tag.txt") $stack"
-    grep -a '^|' "$logs/$tag.txt"
+    grep -a '^|\|requests failed' "$logs/$tag.txt"
     if [ ${#trace[@]} -gt 0 ]; then
       python3 benchmarks/ttft_trace.py "$logs/$tag.requests.jsonl" "$logs/$tag.trace.jsonl"
       python3 benchmarks/itl_trace.py "$logs/$tag.requests.jsonl" "$logs/$tag.trace.jsonl"
