@@ -46,10 +46,6 @@ def cut_to(decodes: int, kv: int, lengths: list[int], left: int) -> int:
     return max(PREFILL_FLOOR, COST.burst_room(queue, decodes, kv, BUDGET - decodes))
 
 
-def was_cut(decodes: int, kv: int, prefill: int, left: int) -> bool:
-    return prefill < min(left, BUDGET - decodes)
-
-
 def run_burst(path: str, on: bool) -> tuple[list[Batch], list[Req]]:
     """Twelve prompts of 100 tokens at once, nothing else running (so no stall earned)."""
     llm = burst_engine(path, on)
