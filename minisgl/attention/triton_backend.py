@@ -16,8 +16,13 @@ from dataclasses import dataclass
 import torch
 
 from minisgl.attention.base import AttentionBackend, ForwardInput
-from minisgl.kernels.attention import (KernelConfig, decode_attention, extend_attention, extend_tokens_per_tile,
-                                       num_decode_splits)
+from minisgl.kernels.attention import (
+    KernelConfig,
+    decode_attention,
+    extend_attention,
+    extend_tokens_per_tile,
+    num_decode_splits,
+)
 from minisgl.kvcache.pool import KVPool
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
