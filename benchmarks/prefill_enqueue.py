@@ -1,5 +1,5 @@
-"""Host time to enqueue one step with prefill tokens, and the device's time for it, with the piecewise CUDA
-graphs (minisgl/engine/piecewise_graph.py) and without, in the same engine (dummy weights).
+"""Host time to enqueue one step with prefill tokens, and the device's time for it, with the whole-step CUDA
+graphs (minisgl/engine/whole_graph.py) and without, in the same engine (dummy weights).
 
     python benchmarks/prefill_enqueue.py --config .bench_models/qwen3-0.6b.json [--steps 626,16x1+512,2048]
 
@@ -64,15 +64,15 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=20)
     a = p.parse_args()
     llm = LLM(model_dir(a.config), dummy_weights=True, max_running_requests=256)
-    graphs = llm.engine.piecewise
+    graphs = llm.engine.whole
     for spec in a.steps.split(","):
         batch = make_batch(parse_step(spec))
-        for mode in ("piecewise", "eager"):
-            llm.engine.piecewise = graphs if mode == "piecewise" else None
+        for mode in ("whole", "eager"):
+            llm.engine.whole = graphs if mode == "whole" else None
             host, device = measure(llm, batch, a.repeats)
             print(json.dumps({"step": spec, "tokens": sum(batch.extend_lens), "mode": mode,
                               "host_ms": round(host, 2), "device_ms": round(device, 2)}), flush=True)
-    llm.engine.piecewise = graphs
+    llm.engine.whole = graphs
     llm.shutdown()
 
 

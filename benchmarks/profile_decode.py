@@ -12,7 +12,7 @@ w3: the shared-prefix workload of offline.py under cProfile (host hot spots) and
 w1: the throughput workload of offline.py under the kernel profiler alone (kernels in CUDA graphs included):
 where a whole W1 run spends its GPU time, and how much of the wall time the GPU is busy.
 prefill: a burst of prompts as the online benchmark sends them (`--batch` prompts of 256-1,024 random ids,
-steps of `--budget` tokens), with and without piecewise graphs: the wall time per prompt token (what bounds a
+steps of `--budget` tokens), with and without CUDA graphs: the wall time per prompt token (what bounds a
 burst's last first token) and the top kernels of the eager run.
 """
 
@@ -121,7 +121,7 @@ def main() -> None:
             llm = LLM(model_dir(args.config), max_running_requests=len(lengths), memory_ratio=0.8,
                       cuda_graph_max_bs=256 if pieces else 0, **{**common, "max_prefill_tokens": args.budget})
             prefill_burst(llm, warm_up, False, 0)  # compiles every step size met (new ids each run: no cache hits)
-            kind = "eager" if not pieces else f"piecewise graphs (kept to {llm.engine.piecewise.max_tokens} tokens)"
+            kind = "eager" if not pieces else f"whole-step graphs (kept to {llm.engine.whole.max_tokens} tokens)"
             print(f"\n== {len(lengths)} prompts, {sum(lengths)} tokens, steps of {args.budget}, {kind}:")
             print(f"{prefill_burst(llm, timed, False, 0):.2f} us per prompt token (wall)")
             if not pieces:  # the kernels are the same either way; the profiler's own cost stays out of the timing

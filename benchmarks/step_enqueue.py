@@ -3,13 +3,15 @@
     python benchmarks/step_enqueue.py --config .bench_models/qwen3-0.6b.json --decodes 64 --prefill 2900
 
 Under load a mixed step's enqueue is what a decoding stream's longest gaps are made of (benchmarks/itl_trace.py:
-on an H200 at 64 streams of qwen3-0.6b, 6.7 ms of "enqueue pieces" in a long gap of 16 ms). This builds an engine
-with dummy weights (or a tiny checkpoint with --model), starts --decodes requests decoding, then admits one
-prompt of --prefill tokens beside them, --repeats times, and times the host in each stage of those mixed steps'
-enqueue: the batch's inputs (extend_input), attention metadata (prepare), the piecewise graph replays, the eager
-attention calls between them (or the whole eager forward above the largest bucket), the last positions' logits,
-and sampling. The device is not waited for, so these are host times; a stage that fills the launch queue would
-show the device's pace instead (the queue holds about a thousand launches).
+on an H200 at 64 streams of qwen3-0.6b, 6.7 ms of "enqueue pieces" in a long gap of 16 ms, when such steps
+replayed piecewise graphs around eager attention; now they replay one whole-step graph, engine/whole_graph.py).
+This builds an engine with dummy weights (or a tiny checkpoint with --model), starts --decodes requests
+decoding, then admits one prompt of --prefill tokens beside them, --repeats times, and times the host in each
+stage of those mixed steps' enqueue: the batch's inputs (extend_input), the whole-step graph's run (its metadata
+and inputs copied into static buffers, one replay), or, above the largest bucket (or with --eager), the eager
+forward with its attention metadata (prepare) and attention calls; the last positions' logits, and sampling.
+The device is not waited for, so these are host times; a stage that fills the launch queue would show the
+device's pace instead (the queue holds about a thousand launches).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from minisgl.core import Batch, Req
 from minisgl.engine.engine import Engine
 from minisgl.messages import AddReq
 
-STAGES = ("extend_input", "prepare", "graph replays", "attention calls", "eager forward", "last logits", "forward",
+STAGES = ("extend_input", "whole-graph run", "prepare", "attention calls", "eager forward", "last logits", "forward",
           "sample", "forward + sample")
 
 
@@ -67,6 +69,7 @@ def main() -> None:
     p.add_argument("--prefill", type=int, default=2900)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--device", default="auto")
+    p.add_argument("--eager", action="store_true", help="no whole-step graphs: every mixed step runs eagerly")
     args = p.parse_args()
 
     llm = LLM(model_dir(args.config) if args.config else args.model, device=args.device,
@@ -112,29 +115,24 @@ def main() -> None:
     timer.wrap(engine.prefill_backend, "attend", "attention calls")
     timer.wrap(engine, "_last_logits", "last logits")
     timer.wrap(engine.model, "forward", "eager forward")
-    if engine.piecewise is not None:
-        timer.wrap(engine.piecewise, "run", "piecewise run")
+    if args.eager and engine.whole is not None:
+        engine.whole.release()
+        engine.whole = None
+    if engine.whole is not None:
+        timer.wrap(engine.whole, "run", "whole-graph run")
     for k in range(args.repeats):
         sched.tick([AddReq(Req(10_000 + k, prompt(args.prefill), SamplingParams(max_tokens=2, ignore_eos=True),
                                seed=0))])
         for _ in range(3):  # the prompt's step, its first token, its last
             sched.tick([])
     steps = timer.steps[1:] or timer.steps  # the first one may compile a kernel variant
-    for step in steps:  # the replays are the piecewise run less the attention calls inside it
-        if "piecewise run" in step:
-            step["graph replays"] = step.pop("piecewise run") - step["attention calls"]
-    pieces = engine.piecewise is not None and engine.piecewise.fits(args.prefill + args.decodes)
-    kind = "piecewise graphs" if pieces else "eager"
+    whole = engine.whole is not None and engine.whole.fits(args.prefill + args.decodes, 1)
+    kind = "a whole-step graph" if whole else "eager"
     print(f"{len(steps)} mixed steps of {args.decodes} decodes + {args.prefill} prompt tokens ({kind}), host ms:")
     print("| stage | mean | min | max |\n|---|---|---|---|")
     for stage in STAGES:
         values = [s.get(stage, 0.0) for s in steps]
         print(f"| {stage} | {statistics.mean(values):.2f} | {min(values):.2f} | {max(values):.2f} |")
-    if pieces:
-        layers = len(engine.piecewise.layers)
-        replays, attention = (statistics.mean(s.get(stage, 0.0) for s in steps) for stage in STAGES[2:4])
-        print(f"per layer: {1000 * attention / layers:.0f} us an attention call, "
-              f"{1000 * replays / (layers + 1):.0f} us a graph replay")
     llm.shutdown()
 
 

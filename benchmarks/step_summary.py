@@ -5,8 +5,8 @@ how long the device ran each, and how long it sat idle between them (the host's 
     python benchmarks/step_summary.py /tmp/w1.jsonl --since-last-arrival
 
 For an offline workload, where no client waits and only the total counts (W1: is it the decode steps, the prefill
-chunks, or the host between them?). Steps are grouped by kind (`graph`: a whole decode CUDA graph, `pieces`:
-piecewise graphs around eager attention, `eager`) and by what they hold: decodes only, prefill only, or both
+chunks, or the host between them?). Steps are grouped by kind (`graph`: a whole decode CUDA graph, `whole`:
+a whole-step graph of a step with prefill tokens, `eager`) and by what they hold: decodes only, prefill only, or both
 (`mixed`), and the number of decodes (classes up to 1, 16, 64, 128, 256 and beyond). Per group: steps; their device
 time (sum, share of all steps', mean per step; CUDA only: the trace's `device_ms`); decodes and prefill tokens per
 step; and the host's time per step to build the batch and to enqueue it. Last, the trace's wall span from the first

@@ -39,8 +39,8 @@ class ForwardInput:
 class StepAttention:
     """A step's attention as the model sees it: each layer's rope writes the new tokens' k/v into `pool` at
     `slots` (on a GPU in the rope kernel itself, a launch fewer per layer than a separate store), then
-    `attend(layer, q)` attends over the pool. The engine binds `attend` to a backend; the piecewise CUDA graphs
-    bind it to the split between two graph pieces, so the store is captured with the rope."""
+    `attend(layer, q)` attends over the pool. The engine binds `attend` to a backend and the step's metadata; the
+    whole-step CUDA graphs (engine/whole_graph.py) to static metadata, with static slots."""
 
     pool: KVPool
     slots: torch.Tensor  # [T] pool slot of each new token

@@ -16,7 +16,13 @@ from dataclasses import dataclass
 import torch
 
 from minisgl.attention.base import AttentionBackend, ForwardInput
-from minisgl.kernels.attention import KernelConfig, decode_attention, extend_attention, num_decode_splits
+from minisgl.kernels.attention import (
+    KernelConfig,
+    decode_attention,
+    extend_attention,
+    extend_tokens_per_tile,
+    num_decode_splits,
+)
 from minisgl.kvcache.pool import KVPool
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
@@ -37,7 +43,7 @@ class DecodeMeta:
         if self.num_splits == 1:
             return None, None, None
         if self.scratch is None:
-            batch, heads, dim = q.shape
+            batch, (heads, dim) = self.rows.numel(), q.shape[1:]
             self.scratch = (torch.empty(batch, heads, self.num_splits, dim, dtype=torch.float32, device=q.device),
                             torch.empty(batch, heads, self.num_splits, dtype=torch.float32, device=q.device),
                             torch.zeros(batch, kv_heads, dtype=torch.int32, device=q.device))
@@ -46,11 +52,26 @@ class DecodeMeta:
 
 @dataclass
 class ExtendMeta:
+    """Prompt chunks (or any rows) through the extend kernel's tile list (kernels/attention.py `_extend_kernel`).
+    q_starts are absolute rows of the step's q (a mixed step's chunks come after its decode rows). tile_ends and
+    tiles are set by `tile` at the first layer in an eager step, or written by the whole-step CUDA graphs
+    (engine/whole_graph.py), whose `tiles` is the bucket's bound and whose padding entries own no tile."""
+
     rows: torch.Tensor  # [B]
     kv_lens: torch.Tensor  # [B]
     extend_lens: torch.Tensor  # [B]
     q_starts: torch.Tensor  # [B] index in T of each request's first new token
-    max_extend: int
+    tokens: int  # host-side: an upper bound of sum(extend_lens)
+    tile_ends: torch.Tensor | None = None  # [B] running total of each request's tiles
+    tiles: int = 0  # the grid's programs per KV head: at least the tiles' total
+
+    def tile(self, tokens_per_tile: int) -> None:
+        """The tile list of an eager step, from the device lengths (no host read): every request wastes at
+        most one partial tile, so cdiv(tokens, tokens_per_tile) + B programs cover them all."""
+        if self.tile_ends is None:
+            self.tile_ends = torch.cumsum(torch.div(self.extend_lens + tokens_per_tile - 1, tokens_per_tile,
+                                                    rounding_mode="floor"), 0)
+            self.tiles = -(-self.tokens // tokens_per_tile) + self.rows.numel()
 
 
 # A mixed step's decode rows get the decode kernel when their K/V of one layer is at least this many bytes (a qwen3
@@ -70,8 +91,8 @@ MIXED_SPLIT_KV_BYTES = 32 << 20
 
 @dataclass
 class MixedMeta:
-    """A mixed batch split in two: its leading one-token rows through the decode kernel, the rest (prefill
-    chunks, their indices re-based to 0) through the extend kernel; each writes its own rows of the output.
+    """A mixed batch split in two: its leading one-token rows through the decode kernel (q and out rows 0..D-1),
+    the rest (prefill chunks, at absolute q_starts) through the extend kernel; each writes its own rows of the output.
     Why: the extend kernel gives a decode row one program per KV head over its whole context, a tile mostly
     of padding; the decode kernel reads the same keys at about copy bandwidth (MIXED_SPLIT_KV_BYTES: when)."""
 
@@ -104,7 +125,7 @@ class TritonBackend(AttentionBackend):
         decodes = batch.decode_rows if self._worth_splitting(batch) else 0  # rows (and tokens) [0, decodes)
         extend_lens = batch.extend_lens[decodes:]
         extend = ExtendMeta(batch.rows[decodes:], batch.kv_lens[decodes:], extend_lens,
-                            torch.cumsum(extend_lens, 0) - extend_lens, batch.max_extend)
+                            torch.cumsum(extend_lens, 0) - extend_lens + decodes, batch.input_ids.shape[0] - decodes)
         if not decodes:
             return extend
         decode = self._decode_meta(batch.rows[:decodes], batch.seq_lens[:decodes])
@@ -128,19 +149,72 @@ class TritonBackend(AttentionBackend):
             q = q.contiguous()
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out.view(q.shape)
         if isinstance(meta, MixedMeta):
-            decodes = meta.decode.rows.numel()
-            self._attend(layer, q[:decodes], meta.decode, out[:decodes])
-            self._attend(layer, q[decodes:], meta.extend, out[decodes:])
+            self._attend(layer, q, meta.decode, out)
+            self._attend(layer, q, meta.extend, out)
         else:
             self._attend(layer, q, meta, out)
         return out.view(q.shape[0], -1)
 
     def _attend(self, layer: int, q: torch.Tensor, meta: DecodeMeta | ExtendMeta, out: torch.Tensor) -> None:
+        """One kernel over its own rows of q and out: a decode meta's rows 0..B-1, an extend meta's q_starts."""
         k_cache, v_cache, page_size = self.pool.k[layer], self.pool.v[layer], self.pool.page_size
         if isinstance(meta, DecodeMeta):
             part_out, part_lse, counter = meta.split_scratch(q, k_cache.shape[1])
             decode_attention(q, k_cache, v_cache, self.page_table, meta.rows, meta.seq_lens, out, part_out, part_lse,
                              counter, page_size, meta.num_splits, self.config)
         else:
+            meta.tile(extend_tokens_per_tile(q.shape[1], k_cache.shape[1], self.config))
             extend_attention(q, k_cache, v_cache, self.page_table, meta.rows, meta.kv_lens, meta.extend_lens,
-                             meta.q_starts, meta.max_extend, out, page_size, self.config)
+                             meta.q_starts, meta.tile_ends, meta.tiles, out, page_size, self.config)
+
+
+class StaticStepMeta:
+    """The attention metadata of the whole-step CUDA graphs (engine/whole_graph.py) in one static device buffer,
+    so that a graph captured at a token bucket replays any step that fits the bucket's caps: at most `decode_cap`
+    leading decode rows (the decode kernel's grid: decode_cap rows, splits fixed at capture) and at most
+    `chunk_cap` other requests (the extend kernel's tile list: a grid of cdiv(bucket, tokens per tile) +
+    chunk_cap programs, the most tiles chunk_cap requests of `bucket` tokens can need). Padding entries make
+    their programs exit at once: a decode row of seq_len 0, a request of no tile (extend_len 0). So the metadata
+    all of padding leaves attention out of a replay, which the step cost model times (engine/step_cost.py).
+    One buffer serves every bucket: a bucket's metadata are views of its first entries."""
+
+    DECODE_ROWS, SEQ_LENS, ROWS, KV_LENS, EXTEND_LENS, Q_STARTS, TILE_ENDS = range(7)
+
+    def __init__(self, backend: TritonBackend, heads: int, max_decodes: int, max_chunks: int, pad_row: int):
+        self.backend, self.pad_row = backend, pad_row
+        self.kv_heads = backend.pool.k.shape[2]
+        self.tokens_per_tile = extend_tokens_per_tile(heads, self.kv_heads, backend.config)
+        self.width = max(max_decodes, max_chunks, 1)
+        self.values = torch.zeros(7, self.width, dtype=torch.int64, device=backend.pool.k.device)
+        self.values.copy_(self.host_values([], [], [], 0))
+
+    def meta(self, tokens: int, decode_cap: int, chunk_cap: int) -> MixedMeta:
+        """The metadata a graph of `tokens` tokens captures: views of the buffer, grids fixed by the caps."""
+        v = self.values
+        splits = num_decode_splits(decode_cap, self.kv_heads, self.backend.num_sms, self.backend.config)
+        decode = DecodeMeta(v[self.DECODE_ROWS, :decode_cap], v[self.SEQ_LENS, :decode_cap], splits)
+        extend = ExtendMeta(*(v[i, :chunk_cap] for i in (self.ROWS, self.KV_LENS, self.EXTEND_LENS, self.Q_STARTS)),
+                            tokens, v[self.TILE_ENDS, :chunk_cap], -(-tokens // self.tokens_per_tile) + chunk_cap)
+        return MixedMeta(decode, extend)
+
+    def host_values(self, rows: list[int], kv_lens: list[int], extend_lens: list[int], decodes: int) -> torch.Tensor:
+        """The buffer's contents for a step (rows, kv_lens, extend_lens per request; the first `decodes` are its
+        decode rows), padded to the buffer's width, as one host tensor to copy in."""
+        pad, width = self.pad_row, self.width
+        n = len(rows) - decodes
+        ext = extend_lens[decodes:]
+        q_starts, tile_ends, start, tiles = [], [], decodes, 0
+        for length in ext:
+            q_starts.append(start)
+            start += length
+            tiles += -(-length // self.tokens_per_tile)
+            tile_ends.append(tiles)
+        decode_pad, chunk_pad = width - decodes, width - n
+        return torch.tensor([
+            rows[:decodes] + [pad] * decode_pad, [k + 1 for k in kv_lens[:decodes]] + [0] * decode_pad,
+            rows[decodes:] + [pad] * chunk_pad, kv_lens[decodes:] + [0] * chunk_pad, ext + [0] * chunk_pad,
+            q_starts + [start] * chunk_pad, tile_ends + [tiles] * chunk_pad], dtype=torch.int64)
+
+    def write(self, rows: list[int], kv_lens: list[int], extend_lens: list[int], decodes: int) -> None:
+        """Enqueue the step's metadata into the buffer (one host->device copy; the host does not wait)."""
+        self.values.copy_(self.host_values(rows, kv_lens, extend_lens, decodes), non_blocking=True)

@@ -29,8 +29,9 @@ class EngineArgs:
     overlap_schedule: bool = True  # build step N+1 on the CPU while the device runs step N
     kv_cache_dtype: str = "auto"  # auto (the model's dtype) | fp8 | fp8_e4m3 (float8_e4m3fn, scale 1.0)
     quantization: str | None = None  # None: the checkpoint's own | fp8 (per-channel FP8 weights at load)
-    # largest step with prefill tokens replayed from piecewise CUDA graphs (engine/piecewise_graph.py, which keeps
-    # fewer where the device is the bottleneck anyway); 0 turns them off, as does cuda_graph_max_bs 0
+    # largest step with prefill tokens replayed from a whole-step CUDA graph (engine/whole_graph.py, which keeps
+    # fewer where the device is the bottleneck anyway); 0 turns them off, as does cuda_graph_max_bs 0. The name is
+    # SGLang's flag's (--piecewise-cuda-graph-max-tokens), from when these graphs left attention out
     piecewise_graph_max_tokens: int = 8192
     # a step that mixes prefill chunks into running decodes may cost at most this multiple of the decode step alone
     # (by the start-up step cost model, engine/step_cost.py; see Scheduler._prefill_room); 0: the token budget alone.

@@ -13,21 +13,22 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
 
 from minisgl.attention import ForwardInput, StepAttention, make_backend
+from minisgl.attention.triton_backend import TritonBackend
 from minisgl.core import GREEDY_TEMPERATURE, Batch
 from minisgl.distributed import TPGroup
 from minisgl.engine.config import EngineArgs
 from minisgl.engine.cuda_graph import DecodeGraphs
 from minisgl.engine.host_copy import upload
-from minisgl.engine.piecewise_graph import PiecewiseGraphs, bucket_for
 from minisgl.engine.sampler import Sampler
 from minisgl.engine.step_cost import StepCost
 from minisgl.engine.step_cost import measure as measure_step_cost
+from minisgl.engine.whole_graph import WholeGraphs, bucket_for
 from minisgl.kvcache.pool import KVPool, kv_cache_dtype
 from minisgl.models import load_model, resolve_model_path
 
@@ -35,6 +36,11 @@ logger = logging.getLogger(__name__)
 
 CPU_KV_BUDGET = 256 << 20  # bytes of KV pool on a CPU when num_pages is not given
 PROMPT_SCORE_ROWS = 256  # prompt positions scored at once: bounds the [rows, vocab] float32 logits
+
+
+def leading_decodes(extend_lens: list[int]) -> int:
+    """The leading requests of one new token each: a step's decodes (the scheduler puts them first)."""
+    return next((i for i, n in enumerate(extend_lens) if n != 1), len(extend_lens))
 
 
 def resolve_device(name: str, rank: int) -> torch.device:
@@ -142,32 +148,36 @@ class Engine:
         self.sampler = Sampler(rows, config.vocab_size, device)
         self.load_seconds = time.perf_counter() - start
         self.graphs: DecodeGraphs | None = None
-        self.piecewise: PiecewiseGraphs | None = None  # made after the decode graphs, which capture `_hidden`
+        self.whole: WholeGraphs | None = None  # made after the decode graphs, which capture `_hidden`
         if graph_bs > 0 and tp.size > 1:  # start together: a rank still loading must not hold the others inside
             dist.barrier(group=tp.cpu_group)  # a captured collective
         if graph_bs > 0 and self.decode_backend.supports_cuda_graph:
             self.graphs = DecodeGraphs(self._decode_logits, graph_bs, self.pad_row, device)
         if piece_tokens:
-            self.piecewise = self._capture_piecewise(piece_tokens)
+            self.whole = self._capture_whole(piece_tokens)
         self.step_cost: StepCost | None = None  # the scheduler's model of a step's device time (CUDA only)
-        if self.piecewise is not None:
+        if self.whole is not None:
             bytes_per_token = KVPool.bytes_per_token(config.num_layers, attn.kv_heads, config.head_dim, self.kv_dtype)
-            self.step_cost = measure_step_cost(self.piecewise.replay_without_attention, self.piecewise.buckets,
+            self.step_cost = measure_step_cost(self.whole.replay_without_attention, self.whole.buckets,
                                                bytes_per_token, device, lambda us: self.tp.agree(us, dist.ReduceOp.MAX))
             logger.info("step cost model: %s ms at %s tokens, %.2g ms per 1,000 cached tokens decoded",
                         self.step_cost.linear_ms, self.step_cost.tokens, 1000 * self.step_cost.kv_ms_per_token)
 
-    def _capture_piecewise(self, max_tokens: int) -> PiecewiseGraphs | None:
-        """Piecewise graphs for steps with prefill tokens; None, with a warning, for a model whose forward
-        cannot be captured (an op that waits for the host), which then runs those steps eagerly."""
-        attn = self.model.model.layers[0].self_attn
+    def _capture_whole(self, max_tokens: int) -> WholeGraphs | None:
+        """Whole-step graphs for steps with prefill tokens (engine/whole_graph.py); None, with a warning, for a
+        prefill backend other than Triton's (its metadata are not static) or a model whose forward cannot be
+        captured (an op that waits for the host): those steps then run eagerly."""
+        if not isinstance(self.prefill_backend, TritonBackend):
+            logger.warning("CUDA graphs for steps with prefill tokens need the triton prefill attention backend: "
+                           "those steps run eagerly (slower to enqueue)")
+            return None
         try:
-            return PiecewiseGraphs(self.model, self.pool, self.pool.scratch_page * self.page_size,
-                                   max_tokens, attn.heads, self.config.head_dim, self.config.dtype, self.device,
-                                   self._any_rank)
+            return WholeGraphs(self.model, self.prefill_backend, self.pool.scratch_page * self.page_size,
+                               self.pad_row, max_tokens, self.args.max_running_requests,
+                               self.model.model.layers[0].self_attn.heads, self.device, self._any_rank)
         except RuntimeError as e:
-            logger.warning("piecewise CUDA graphs are OFF for this model, steps with prefill tokens run eagerly "
-                           "(slower to enqueue): its forward could not be captured: %s", e)
+            logger.warning("CUDA graphs for steps with prefill tokens are OFF for this model, those steps run "
+                           "eagerly (slower to enqueue): its forward could not be captured: %s", e)
             torch.cuda.synchronize(self.device)
             return None
 
@@ -179,10 +189,10 @@ class Engine:
         """Leave the tensor-parallel group, after the CUDA graphs: destroying an NCCL communicator waits
         until every graph that captured one of its collectives is gone, so graphs still alive then hang the
         rank's exit for ever."""
-        for graphs in (self.graphs, self.piecewise):
+        for graphs in (self.graphs, self.whole):
             if graphs is not None:
                 graphs.release()
-        self.graphs = self.piecewise = None
+        self.graphs = self.whole = None
         self.tp.destroy()
 
     def _pages_from_memory(self, kv_heads: int, head_dim: int, graph_bs: int, piece_tokens: int) -> int:
@@ -203,7 +213,7 @@ class Engine:
 
     def _graph_reserve(self, graph_bs: int, piece_tokens: int) -> int:
         """Bytes the CUDA graphs keep: the largest decode batch's logits (model dtype, and float32 while
-        sampling) and, for it and the largest piecewise bucket, the widest activations, with a margin.
+        sampling) and, for it and the largest whole-step bucket, the widest activations, with a margin.
         The real figures are logged at capture."""
         c = self.config
         widest = max(c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim) * 4
@@ -232,7 +242,7 @@ class Engine:
     def extend_input(self, batch: Batch) -> ForwardInput:
         """Any mix of prefill chunks, prefix-cache extends and decodes, with one host->device copy."""
         lens, total = batch.extend_lens, sum(batch.extend_lens)
-        decodes = next((i for i, n in enumerate(lens) if n != 1), len(lens))  # the scheduler puts decodes first
+        decodes = leading_decodes(lens)
         rows, kv_lens, extend_lens = upload([[r.row for r in batch.reqs], batch.kv_lens, lens], torch.int64,
                                             self.device)
         arange = torch.arange(total, device=self.device)
@@ -250,27 +260,32 @@ class Engine:
 
     def step_kind(self, batch: Batch) -> tuple[str, int | None]:
         """How `forward` runs the batch (for the step trace): ("graph", batch size) for a decode CUDA graph,
-        ("pieces", token bucket) for piecewise graphs around eager attention, ("eager", None) otherwise."""
-        if batch.is_decode:
-            fits = self._graph_fits(batch)
-            return ("graph", bucket_for(self.graphs.buckets, len(batch.reqs))) if fits else ("eager", None)
+        ("whole", token bucket) for a whole-step graph (a step with prefill tokens, or a decode batch above the
+        decode graphs' largest), ("eager", None) otherwise."""
+        if batch.is_decode and self._graph_fits(batch):
+            return "graph", bucket_for(self.graphs.buckets, len(batch.reqs))
         tokens = sum(batch.extend_lens)
-        return ("pieces", bucket_for(self.piecewise.buckets, tokens)) if self._pieces_fit(tokens) else ("eager", None)
+        if self._whole_fits(tokens, len(batch.reqs) - leading_decodes(batch.extend_lens)):
+            return "whole", bucket_for(self.whole.buckets, tokens)
+        return "eager", None
 
     def _graph_fits(self, batch: Batch) -> bool:
         return self.graphs is not None and len(batch.reqs) <= self.graphs.max_bs
 
-    def _pieces_fit(self, tokens: int) -> bool:
-        return self.piecewise is not None and self.piecewise.fits(tokens)
+    def _whole_fits(self, tokens: int, chunks: int) -> bool:
+        return self.whole is not None and self.whole.fits(tokens, chunks)
 
     def _hidden(self, inputs: ForwardInput, backend) -> torch.Tensor:
-        """The final hidden state of every input token: from the piecewise graphs when the step fits them."""
+        """The final hidden state of every input token, eagerly (the decode graphs capture this)."""
         meta = backend.prepare(inputs)
-        if self._pieces_fit(inputs.input_ids.shape[0]):
-            return self.piecewise.run(inputs.input_ids, inputs.positions, inputs.out_slots,
-                                      lambda layer, q, out: backend.attend(layer, q, meta, out))
         attn = StepAttention(self.pool, inputs.out_slots, lambda layer, q: backend.attend(layer, q, meta))
         return self.model(inputs.input_ids, inputs.positions, attn)
+
+    def _step_hidden(self, batch: Batch, inputs: ForwardInput, backend) -> torch.Tensor:
+        """The final hidden state of an eager-launched step's tokens: from a whole-step graph when it fits one."""
+        if self._whole_fits(inputs.input_ids.shape[0], len(batch.reqs) - inputs.decode_rows):
+            return self.whole.run(inputs, [r.row for r in batch.reqs], batch.kv_lens, batch.extend_lens)
+        return self._hidden(inputs, backend)
 
     def _logits(self, inputs: ForwardInput, backend) -> torch.Tensor:
         return self._last_logits(inputs, self._hidden(inputs, backend))
@@ -293,10 +308,11 @@ class Engine:
             if self._graph_fits(batch):
                 return ForwardedStep(batch, self.graphs.replay([r.row for r in batch.reqs], kv), [])
             meta = upload([[r.row for r in batch.reqs], kv], torch.int64, self.device)
-            logits = self._logits(self.decode_input(meta[0], meta[1], max(kv) + 1), self.decode_backend)
-            return ForwardedStep(batch, logits, [])
+            inputs = replace(self.decode_input(meta[0], meta[1], max(kv) + 1), decode_rows=len(kv))
+            return ForwardedStep(batch, self._last_logits(inputs, self._step_hidden(batch, inputs,
+                                                                                    self.decode_backend)), [])
         inputs = self.extend_input(batch)
-        hidden = self._hidden(inputs, self.prefill_backend)
+        hidden = self._step_hidden(batch, inputs, self.prefill_backend)
         return ForwardedStep(batch, self._last_logits(inputs, hidden), self._score_prompts(batch, hidden))
 
     def _score_prompts(self, batch: Batch, hidden: torch.Tensor) -> list[tuple[int, int, list[torch.Tensor]]]:

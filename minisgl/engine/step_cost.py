@@ -3,9 +3,10 @@ by time rather than by tokens alone (Scheduler._prefill_room).
 
 A step's device time has two parts that matter at the sizes served:
 - everything but attention (projections, MLP or MoE, norms, logits of the last rows), which depends only on
-  the step's token count: timed per token-count bucket by replaying the piecewise CUDA graphs, which hold
-  exactly that part (engine/piecewise_graph.py), interpolated between buckets and extrapolated past the
-  last one along its slope (the last bucket is device-bound, where the cost grows linearly);
+  the step's token count: timed per token-count bucket by replaying the whole-step CUDA graphs with
+  all-padding attention metadata, whose attention programs exit at once (engine/whole_graph.py; their launches,
+  a few microseconds a layer, are counted), interpolated between buckets and extrapolated past the last one
+  along its slope (the last bucket is device-bound, where the cost grows linearly);
 - decode attention, which reads every cached K/V of every decoding request once: the cached tokens times the
   pool's bytes per token, over the device's copy bandwidth (timed too). At 256 streams of ~1,000 tokens on
   qwen3-0.6b that is ~8 ms of a ~13 ms step, so leaving it out would make a busy decode step look cheap

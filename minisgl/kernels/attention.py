@@ -26,6 +26,7 @@ from minisgl.kernels import use_pdl
 from minisgl.kernels.arrival import last_to_arrive
 
 LOG2E = 1.4426950408889634
+EXTEND_BLOCK_R = 64  # tile_ends entries an extend program scans per load (any count works; fewer take one load)
 
 
 @dataclass(frozen=True)
@@ -185,20 +186,34 @@ def _reduce_splits(part_out_ptr, part_lse_ptr, base, used, out_ptrs, mask, mask_
     tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["rows_ptr", "kv_lens_ptr", "extend_lens_ptr", "q_starts_ptr"])
+@triton.jit(do_not_specialize=["rows_ptr", "kv_lens_ptr", "extend_lens_ptr", "q_starts_ptr", "tile_ends_ptr",
+                              "num_reqs"])
 def _extend_kernel(q_ptr, k_ptr, v_ptr, page_table_ptr, rows_ptr, kv_lens_ptr, extend_lens_ptr, q_starts_ptr,
-                   out_ptr, stride_qt, stride_qh, stride_slot, stride_kh, stride_pt, stride_ot, stride_oh, qk_scale,
-                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, TOKENS: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, COMPUTE: tl.constexpr):
-    """Program (tile, request, KV head): TOKENS new tokens x GROUP query heads (row r is token r // GROUP,
-    head r % GROUP) against keys [0, kv_len + last token]. Keys below the tile's first query position
-    are visible to every row (no mask); the diagonal blocks after them get the causal mask."""
-    tile = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest tiles first
-    req, kv_head = tl.program_id(1), tl.program_id(2)
+                   tile_ends_ptr, num_reqs, out_ptr, stride_qt, stride_qh, stride_slot, stride_kh, stride_pt, stride_ot,
+                   stride_oh, qk_scale, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                   TOKENS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+                   BLOCK_D: tl.constexpr, COMPUTE: tl.constexpr):
+    """Program (tile, KV head): TOKENS new tokens x GROUP query heads (row r is token r // GROUP, head r % GROUP)
+    of one request against its keys [0, kv_len + last token]. Keys below the tile's first query position are
+    visible to every row (no mask); the diagonal blocks after them get the causal mask.
+
+    The tiles form one list over the requests: tile_ends [num_reqs] holds the running total of each request's
+    tiles (cdiv(extend_len, TOKENS)), and program p serves the request whose range holds p (counted over
+    BLOCK_R entries at a time: one load for up to BLOCK_R requests). Programs past the last tile exit at once,
+    as do requests of extend_len 0 (they own no tile). So the grid depends only on an upper bound of the tiles,
+    and a CUDA graph captured at a token bucket replays any step that fits it (engine/whole_graph.py). Within a
+    request its last tile (the most keys to read) comes first."""
+    p, kv_head = tl.program_id(0), tl.program_id(1)
+    if p >= tl.load(tile_ends_ptr + num_reqs - 1):
+        return
+    req = 0
+    for r0 in range(0, num_reqs, BLOCK_R):
+        offs_r = r0 + tl.arange(0, BLOCK_R)
+        ends = tl.load(tile_ends_ptr + offs_r, mask=offs_r < num_reqs, other=2**31 - 1)
+        req += tl.sum((ends <= p).to(tl.int32), 0)
+    tile = tl.load(tile_ends_ptr + req) - 1 - p  # from the request's last tile back to its first
     extend_len = tl.load(extend_lens_ptr + req)
     first = tile * TOKENS
-    if first >= extend_len:
-        return
     kv_len = tl.load(kv_lens_ptr + req)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -255,12 +270,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      rows: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor, part_out: torch.Tensor | None,
                      part_lse: torch.Tensor | None, counter: torch.Tensor | None, page_size: int, num_splits: int,
                      config: KernelConfig) -> None:
-    """One query token per request: q [B, heads, D] over k/v_cache [slots, kv_heads, D] -> out [B, heads, D].
+    """One query token per request: q [B, heads, D] over k/v_cache [slots, kv_heads, D] -> out [B, heads, D], B the
+    requests in `rows` (q and out may hold more rows, left alone: a mixed step's chunks follow its decodes; a
+    request of seq_len 0, a CUDA graph's padding, leaves its row of out alone too).
     With num_splits > 1, part_out [B, heads, num_splits, D] and part_lse [B, heads, num_splits] (fp32), and
     counter [B, kv_heads] (int32 zeros; left zeros, so every layer of a step can share it). Any split count
     runs the same two compiled variants (one split or several; the reduce's lanes cover max_splits): the decode
     graphs compile them, and no batch size met later compiles another."""
-    batch, heads, head_dim = q.shape
+    batch, (heads, head_dim) = rows.numel(), q.shape[1:]
     kv_heads = k_cache.shape[1]
     group = heads // kv_heads
     _decode_split_kernel[(batch, kv_heads, num_splits)](
@@ -274,21 +291,31 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         num_stages=config.decode_stages)
 
 
+def extend_tokens_per_tile(heads: int, kv_heads: int, config: KernelConfig) -> int:
+    """New tokens per extend tile: its query rows hold `group` heads of each token."""
+    group = heads // kv_heads
+    return max(config.extend_block_m, triton.next_power_of_2(group)) // group
+
+
 def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                      rows: torch.Tensor, kv_lens: torch.Tensor, extend_lens: torch.Tensor, q_starts: torch.Tensor,
-                     max_extend: int, out: torch.Tensor, page_size: int, config: KernelConfig) -> None:
-    """Ragged new tokens: q [T, heads, D] (request i's tokens start at q_starts[i]) attend causally to their
-    request's keys [0, kv_len + own index] in the pool, whose new K/V must already be stored -> out."""
+                     tile_ends: torch.Tensor, tiles: int, out: torch.Tensor, page_size: int,
+                     config: KernelConfig) -> None:
+    """Ragged new tokens: q [T, heads, D] (request i's tokens are rows q_starts[i] ..) attend causally to their
+    request's keys [0, kv_len + own index] in the pool, whose new K/V must already be stored -> out. tile_ends:
+    the running total of each request's tiles of extend_tokens_per_tile tokens; `tiles`: the grid, at least
+    their total (extra programs exit). Rows of `out` that no request owns are left as they were."""
     heads, head_dim = q.shape[1], q.shape[2]
     kv_heads = k_cache.shape[1]
     group = heads // kv_heads
     block_m = max(config.extend_block_m, triton.next_power_of_2(group))
-    tokens = block_m // group
-    grid = (triton.cdiv(max_extend, tokens), rows.numel(), kv_heads)
-    _extend_kernel[grid](
-        q, k_cache, v_cache, page_table, rows, kv_lens, extend_lens, q_starts, out,
+    num_reqs = rows.numel()
+    if num_reqs == 0 or tiles == 0:
+        return
+    _extend_kernel[(tiles, kv_heads)](
+        q, k_cache, v_cache, page_table, rows, kv_lens, extend_lens, q_starts, tile_ends, num_reqs, out,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), page_table.stride(0),
         out.stride(0), out.stride(1), _qk_scale(head_dim),
-        GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, TOKENS=tokens,
-        BLOCK_M=block_m, BLOCK_N=config.extend_block_n, BLOCK_D=_block_d(head_dim),
+        GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, TOKENS=block_m // group,
+        BLOCK_M=block_m, BLOCK_N=config.extend_block_n, BLOCK_R=EXTEND_BLOCK_R, BLOCK_D=_block_d(head_dim),
         COMPUTE=_compute_dtype(q, k_cache), num_warps=config.extend_warps, num_stages=config.extend_stages)

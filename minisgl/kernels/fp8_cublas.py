@@ -28,7 +28,7 @@ x's rows are padded to a multiple of ROW_ALIGN with zeros (the output is the fir
 torch requires the activation scales' stride to be exactly the row count, and how cuBLASLt wants them aligned
 is not written down; 16 rows put each group's column of scales on a 64-byte boundary, for at most 15 rows of
 extra work. Everything stays on the current stream with no host synchronisation, so it is captured by CUDA
-graphs (the engine's piecewise and decode graphs) like the Triton kernels.
+graphs (the engine's whole-step and decode graphs) like the Triton kernels.
 
 Detection: `unavailable(device, dtype)` checks the above, then makes one probe call per device and dtype (16
 x 512 ones by 128 x 512 ones: every output must be 512) the first time it is asked outside a CUDA graph

@@ -189,9 +189,10 @@ class Scheduler:
         """Launch the next batch, then read the previous one (overlap) or this one (no overlap); returns the
         batch launched.
 
-        A batch with prefill tokens is not a whole-graph replay: enqueuing its forward pass (piecewise graphs
-        around eager attention, or all eager above their largest bucket) still costs the host several
-        milliseconds (3.6-4.9 ms for qwen3-0.6b on an H100 with the pieces, 22 ms eager), so reading the
+        A batch with prefill tokens was long not a whole-graph replay: enqueuing its forward pass (piecewise
+        graphs around eager attention, or all eager above their largest bucket) cost the host several
+        milliseconds (3.6-4.9 ms for qwen3-0.6b on an H100 with the pieces, 22 ms eager; whole-step graphs,
+        engine/whole_graph.py, now replace the pieces), so reading the
         previous step after it holds that step's tokens for the whole launch. Reading it first instead (the
         batch built, the previous step read and its tokens sent, the batch launched at the next tick) leaves
         the device idle for that launch: every request of the batch waits that much longer, and a decoding
@@ -253,7 +254,8 @@ class Scheduler:
         in bursts. `max_prefill_tokens` (--max-num-batched-tokens) is that budget, decodes included; decodes
         are never dropped to respect it, so a step exceeds it only when more requests decode than it holds.
         A step without prefill tokens is a pure decode and replays a CUDA graph; one with prefill tokens
-        replays piecewise graphs around eager attention (engine/piecewise_graph.py). Hence the server's default
+        replays a whole-step graph (engine/whole_graph.py; piecewise graphs around eager attention when the
+        figures below were measured). Hence the server's default
         of 8192 (vLLM's for its API server; offline benchmarks use 16384): measured on an H100 with the pieces,
         2048 and 4096 lowered the ITL p99 only at 256 streams (96 -> 61 / 79 ms on qwen3-0.6b) and raised its
         TTFT p99 1.5-2.1x and cut its throughput by 11-20% (docs/benchmarks.md, 2026-11-25). A fixed token budget

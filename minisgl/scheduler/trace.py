@@ -12,7 +12,7 @@ Linux. `StepTrace` writes FILE on the scheduler's TP leader, one JSON line per t
   oldest generation it collected (-1: none);
 - the requests that arrived (`added`: [rid, prompt length]) and how many were retracted (`retracted`);
 - the launched step: `step` (its number, or None), `decodes`, `chunks` ([rid, tokens] of its prefill part), `kind`
-  (`graph`: a whole decode CUDA graph; `pieces`: piecewise graphs around eager attention; `eager`) and `bucket`
+  (`graph`: a whole decode CUDA graph; `whole`: a whole-step graph of a step with prefill tokens; `eager`) and `bucket`
   (the graph's batch size or token bucket);
 - the step read in this tick: `read` (its number), `device_ms` (its span on the device, from an event recorded
   before its enqueue to one after its copies; CUDA only), `got` (the rids that got a token from it, in batch

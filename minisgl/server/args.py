@@ -141,17 +141,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="vLLM's and SGLang's spellings of --cuda-graph-max-bs 0 (no CUDA graphs at all)")
     engine.add_argument("--piecewise-cuda-graph-max-tokens", type=int, default=8192,
                         help="largest step with prefill tokens (prefill, or decodes mixed with prefill chunks) "
-                             "replayed from piecewise CUDA graphs, attention eager between the pieces; fewer are "
+                             "replayed from a whole-step CUDA graph (attention included, at most 64 prompt "
+                             "chunks a step); fewer are "
                              "kept where the model's eager steps are device-bound at start-up; larger steps run "
                              "eagerly; 0 turns them off (default: 8192)")
     engine.add_argument("--disable-piecewise-cuda-graph", action="store_true",
                         help="--piecewise-cuda-graph-max-tokens 0")
     accepted(engine, "--enable-piecewise-cuda-graph", by="SGLang's",
-             does="piecewise CUDA graphs are on unless --disable-piecewise-cuda-graph")
+             does="CUDA graphs for steps with prefill tokens are on unless --disable-piecewise-cuda-graph")
     engine.add_argument("--max-mixed-step-ratio", type=float, default=2.0,
                         help="a step that mixes prefill chunks into 32 or more running decodes may cost at most "
                              "this multiple of the decode step alone, by a model of the device's step time measured "
-                             "at start-up (CUDA, with piecewise graphs): it bounds the inter-token gap a prompt "
+                             "at start-up (CUDA, with those graphs): it bounds the inter-token gap a prompt "
                              "arriving under load causes, and twice it while more prompt tokens wait than four such "
                              "steps take in; 0: only the token budget bounds the chunks (default: 2)")
     engine.add_argument("--burst-split", action="store_true",

@@ -20,7 +20,7 @@ def test_step_enqueue_times_the_stages_of_mixed_steps(tiny_models):
     assert lines[0].startswith("2 mixed steps of 4 decodes + 40 prompt tokens")  # the first of 3 is left out
     rows = {line.split(" | ")[0][2:]: [float(v) for v in line.strip(" |").split(" | ")[1:]]
             for line in lines if line.startswith("| ") and not line.startswith("| stage")}
-    assert set(rows) == {"extend_input", "prepare", "graph replays", "attention calls", "eager forward",
+    assert set(rows) == {"extend_input", "whole-graph run", "prepare", "attention calls", "eager forward",
                          "last logits", "forward", "sample", "forward + sample"}
     mean = {stage: values[0] for stage, values in rows.items()}
     assert all(v >= 0 for v in mean.values()) and mean["forward"] > 0 and mean["sample"] > 0

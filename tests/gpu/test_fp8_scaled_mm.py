@@ -97,7 +97,7 @@ def test_fp8_layers_take_cublas_from_the_tables_row_and_triton_below(monkeypatch
 @pytest.mark.parametrize("shape", [GPU_SHAPES[0], GPU_SHAPES[3]], ids=str)
 @pytest.mark.parametrize("m", [300, 1000])
 def test_replayed_from_a_cuda_graph(monkeypatch, shape, m):
-    """The FP8 layer captured once (as the engine's piecewise graphs capture it) and replayed on fresh inputs:
+    """The FP8 layer captured once (as the engine's whole-step graphs capture it) and replayed on fresh inputs:
     each replay equals an eager call on that input and the reference."""
     monkeypatch.setenv(fp8_cublas.ENV, "1")
     x, w, scale, b = operands(m, *shape, True)
@@ -124,7 +124,7 @@ def test_a_first_ask_during_a_capture_is_answered_without_probing(monkeypatch):
 
 def test_engine_prefill_through_cublas_is_near_transformers(tmp_path, monkeypatch):
     """A tiny qwen3 FP8 checkpoint (128 x 128 blocks) whose every projection cuBLAS serves, in bfloat16 with
-    decode and piecewise CUDA graphs: prompt log-probabilities of a 40- and a 300-token prompt, with
+    decode and whole-step CUDA graphs: prompt log-probabilities of a 40- and a 300-token prompt, with
     MINISGL_FP8_CUBLAS=1 (every prefill projection above 16 rows through cuBLAS) and =0 (the Triton GEMM), each
     within GAP_TOL (mean absolute gap) of transformers (float32, weights dequantized, x unquantized: the
     project's oracle). This model (hidden 512, the least that cuBLAS takes) is far more peaked than

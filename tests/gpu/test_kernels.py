@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -13,6 +14,7 @@ from kernels.test_triton_attention import (
     LAYER,
     RAGGED_EXT,
     RAGGED_KV,
+    SENTINEL,
     SPLIT_ALWAYS,
     SPLIT_NEVER,
     Case,
@@ -20,7 +22,7 @@ from kernels.test_triton_attention import (
 )
 
 from minisgl.attention.torch_backend import TorchBackend
-from minisgl.attention.triton_backend import ExtendMeta, MixedMeta, TritonBackend
+from minisgl.attention.triton_backend import ExtendMeta, MixedMeta, StaticStepMeta, TritonBackend
 from minisgl.kernels.attention import KernelConfig
 from minisgl.kernels.fused_moe import fused_experts
 from minisgl.layers.moe import experts_torch, route
@@ -114,6 +116,47 @@ def test_attention_decode_replays_in_cuda_graph(cache):
         graph.replay()
         expected, _ = case.run(TorchBackend)
         torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("cache", list(CACHE_DTYPES))
+def test_static_step_attention_replays_any_step_of_its_bucket(cache):
+    """One layer's attention over StaticStepMeta (a whole-step graph's), captured once at a bucket of 1,024 tokens
+    with all-padding metadata, then replayed for three mixed steps of other pools, page tables, decode counts and
+    chunk splits (the same page counts, so the buffers keep their shapes): each gives the torch reference on its
+    real rows and leaves the padding rows of the output alone."""
+    specs = [([900, 17, 2047, 0, 1500], [1, 1, 1, 700, 300], 3), ([17, 2047, 900, 1500, 0], [1, 1, 1, 300, 700], 3),
+             ([2047, 900, 0, 0, 1500], [1, 1, 18, 700, 300], 2)]
+    cases = [Case(kv, ext, 16, 8, 128, 16, torch.bfloat16, seed=40 + i, cache_dtype=CACHE_DTYPES[cache])
+             for i, (kv, ext, _) in enumerate(specs)]
+    first, bucket = cases[0], 1024
+    pool = copy.copy(first.pool)
+    pool.k, pool.v = first.pool.k.clone(), first.pool.v.clone()
+    page_table = first.page_table.clone()
+    backend = TritonBackend(pool, page_table)
+    static = StaticStepMeta(backend, 16, max_decodes=8, max_chunks=6, pad_row=page_table.shape[0] - 1)
+    meta = static.meta(bucket, 8, 6)
+    q = torch.zeros(bucket, 16, 128, dtype=torch.bfloat16, device="cuda")
+    out = torch.zeros(bucket, 16 * 128, dtype=torch.bfloat16, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up compiles the kernels (and makes the split scratch) outside the capture
+        backend.attend(LAYER, q, meta, out)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        backend.attend(LAYER, q, meta, out)
+    for case, (kv, ext, decodes) in zip(cases, specs):
+        expected, ref_pool = case.run(TorchBackend)
+        pool.k.copy_(ref_pool.k)
+        pool.v.copy_(ref_pool.v)
+        page_table.copy_(case.page_table)
+        static.write(case.batch.rows.tolist(), kv, ext, decodes)
+        n = case.q.shape[0]
+        q[:n].copy_(case.q)
+        out.fill_(SENTINEL)
+        graph.replay()
+        torch.testing.assert_close(out[:n].float(), expected.float(), atol=2e-2, rtol=2e-2)
+        assert (out[n:] == SENTINEL).all()
 
 
 @pytest.mark.parametrize("cache", list(CACHE_DTYPES))

@@ -57,8 +57,8 @@ def params(k: int) -> SamplingParams:
     ][k % 7]
 
 
-@pytest.mark.parametrize("pieces", [True, False], ids=["piecewise", "eager"])
-def test_steps_are_built_and_launched_without_waiting_for_the_device(tiny_models, monkeypatch, pieces):
+@pytest.mark.parametrize("whole", [True, False], ids=["whole-step", "eager"])
+def test_steps_are_built_and_launched_without_waiting_for_the_device(tiny_models, monkeypatch, whole):
     """28 requests of 7 kinds arrive while others decode, prompts longer than the 64-token step budget come in
     chunks beside decodes, and a pool of 1,200 pages makes the scheduler retract: every batch is built and
     enqueued under sync debug mode "error", and every request gets all its tokens."""
@@ -66,8 +66,8 @@ def test_steps_are_built_and_launched_without_waiting_for_the_device(tiny_models
     vocab = llm.engine.config.vocab_size
     lengths = [150, 20, 90, 5, 130, 40, 70] * 4
     llm.generate(random_prompts(lengths, vocab, seed=1), [params(k) for k in range(len(lengths))])  # warm
-    if not pieces:
-        llm.engine.piecewise = None  # every step with prefill tokens runs eagerly
+    if not whole:
+        llm.engine.whole = None  # every step with prefill tokens runs eagerly
     built: list[Batch] = []
     monkeypatch.setattr(Scheduler, "_next_batch", strict(Scheduler._next_batch, built))
     monkeypatch.setattr(Engine, "forward", strict(Engine.forward))

@@ -18,7 +18,8 @@ from minisgl import SamplingParams
 from minisgl.attention import make_backend
 from minisgl.attention.base import ForwardInput
 from minisgl.attention.torch_backend import TorchBackend
-from minisgl.attention.triton_backend import DecodeMeta, ExtendMeta, MixedMeta, TritonBackend
+from minisgl.attention.triton_backend import DecodeMeta, ExtendMeta, MixedMeta, StaticStepMeta, TritonBackend
+from minisgl.kernels import attention as kernels
 from minisgl.kernels.attention import KernelConfig, num_decode_splits
 from minisgl.kvcache.pool import KVPool
 
@@ -235,6 +236,94 @@ def test_mixed_split_threshold_counts_the_decode_rows_kv_bytes():
     assert mixed_meta_kind(case, mixed_split_kv_bytes=kv_bytes) == (MixedMeta, decodes)
     assert mixed_meta_kind(case, mixed_split_kv_bytes=kv_bytes + 1) == (ExtendMeta, 0)
     assert mixed_meta_kind(case) == (ExtendMeta, 0)  # ~27 KB here: far below the default
+
+
+SENTINEL = 7.0  # what `out` holds before a padded step: rows nobody owns must keep it
+
+
+def run_static_step(case: Case, heads: int, decodes: int, decode_cap: int, chunk_cap: int, extra_tokens: int,
+                    config: KernelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The case's step as a whole-step CUDA graph runs it (StaticStepMeta: caps above the step's counts, padding
+    entries, a grid for `extra_tokens` more tokens than it has), and the torch reference. The q rows past the
+    real tokens are random (a graph's padding rows hold stale activations); `out` starts as SENTINEL."""
+    expected, ref_pool = case.run(TorchBackend)
+    pool = copy.copy(case.pool)
+    pool.k, pool.v = ref_pool.k.clone(), ref_pool.v.clone()  # the new K/V stored, as the model's rope does
+    backend = TritonBackend(pool, case.page_table, config)
+    pad_row = case.page_table.shape[0] - 1
+    static = StaticStepMeta(backend, heads, max(decode_cap, 3), max(chunk_cap, 5), pad_row)
+    tokens = case.num_real + extra_tokens
+    meta = static.meta(tokens, decode_cap, chunk_cap)
+    b = case.batch
+    static.write(b.rows.tolist(), b.kv_lens.tolist(), b.extend_lens.tolist(), decodes)
+    gen = torch.Generator().manual_seed(99)
+    q = torch.cat([case.q, torch.randn((extra_tokens, *case.q.shape[1:]), generator=gen).to(case.q)])
+    out = torch.full((tokens, q.shape[1] * q.shape[2]), SENTINEL, dtype=q.dtype, device=q.device)
+    got = backend.attend(LAYER, q, meta, out)
+    assert got.data_ptr() == out.data_ptr()
+    return got, expected
+
+
+def assert_static_step(case: Case, heads: int, decodes: int, decode_cap: int, chunk_cap: int, extra_tokens: int,
+                       config: KernelConfig) -> None:
+    got, expected = run_static_step(case, heads, decodes, decode_cap, chunk_cap, extra_tokens, config)
+    tol = TOLERANCE[case.q.dtype]
+    real = case.num_real
+    torch.testing.assert_close(got[:real].float(), expected[:real].float(), atol=tol, rtol=tol)
+    assert (got[real:] == SENTINEL).all()  # padding rows: no program wrote them
+
+
+@pytest.mark.parametrize("block_r", [4, 64])  # 4: the extend programs find their request over several loads
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (8, 2)])
+def test_static_step_meta_with_padding_matches_torch(heads, kv_heads, page_size, block_r, monkeypatch):
+    """A mixed step (decodes of various contexts, then ragged chunks, some after a cached prefix) through padded
+    static metadata: more decode rows and chunk entries than the step has, a tile grid sized for a bucket of
+    more tokens. The real rows give the reference; the padding rows of `out` stay as they were."""
+    monkeypatch.setattr(kernels, "EXTEND_BLOCK_R", block_r)
+    kv = [30, 7, 64, 0, 0, 21, 0, 40, 3]
+    ext = [1, 1, 1, 1, 25, 14, 3, 9, 33]
+    case = Case(kv, ext, heads, kv_heads, HEAD_DIMS[0], page_size, seed=30)
+    assert_static_step(case, heads, 4, decode_cap=7, chunk_cap=11, extra_tokens=37,
+                       config=replace(SMALL, decode_splits=3))
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_static_step_meta_prefill_only_and_decode_only(splits):
+    """No decode rows (every decode entry padding) and no chunks (every chunk entry padding, an empty tile list)."""
+    config = replace(SMALL, decode_splits=splits)
+    prefill = Case([0, 12, 5, 40], [9, 1, 6, 17], 6, 2, HEAD_DIMS[0], 4, seed=31)
+    assert_static_step(prefill, 6, 0, decode_cap=4, chunk_cap=6, extra_tokens=20, config=config)
+    decode = Case([3, 40, 17, 0], [1, 1, 1, 1], 6, 2, HEAD_DIMS[0], 4, seed=32)
+    assert_static_step(decode, 6, 4, decode_cap=9, chunk_cap=2, extra_tokens=5, config=config)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_decode_kernel_leaves_padded_rows_alone(splits):
+    """Decode rows of seq_len 0 (a graph's padding) exit at once: their rows of `out` keep what they held, and the
+    split counters stay zeros."""
+    case = Case([3, 40, 17], [1, 1, 1], 6, 2, HEAD_DIMS[0], 4, seed=33)
+    expected, pool = case.run(TorchBackend)
+    backend = TritonBackend(pool, case.page_table, replace(SMALL, decode_splits=splits))
+    pad_row = case.page_table.shape[0] - 1
+    rows = torch.cat([case.batch.rows, torch.full((5,), pad_row, device=DEVICE)])
+    seq_lens = torch.cat([case.batch.seq_lens, torch.zeros(5, dtype=torch.int64, device=DEVICE)])
+    meta = DecodeMeta(rows, seq_lens, splits)
+    q = torch.cat([case.q, torch.randn((5, *case.q.shape[1:])).to(case.q)])
+    out = torch.full((8, q.shape[1] * q.shape[2]), SENTINEL, dtype=q.dtype, device=DEVICE)
+    backend.attend(LAYER, q, meta, out)
+    torch.testing.assert_close(out[:3], expected, atol=TOLERANCE[torch.float32], rtol=TOLERANCE[torch.float32])
+    assert (out[3:] == SENTINEL).all()
+    assert meta.scratch is None or not meta.scratch[2].any()
+
+
+def test_eager_extend_over_many_requests_finds_each_tile(monkeypatch):
+    """An eager step's tile list over more requests than one load of tile_ends covers (EXTEND_BLOCK_R 4 here),
+    with requests of zero tiles nowhere (every request owns at least one token) and a grid above the real tiles."""
+    monkeypatch.setattr(kernels, "EXTEND_BLOCK_R", 4)
+    kv = [0, 9, 2, 0, 17, 5, 0, 33, 1, 0, 4]
+    ext = [5, 2, 19, 1, 7, 40, 3, 2, 11, 6, 1]
+    Case(kv, ext, 4, 2, HEAD_DIMS[0], 4, seed=34).check(SMALL)
 
 
 def test_decode_split_choice_fills_the_gpu():

@@ -1,5 +1,5 @@
-"""The piecewise CUDA graphs' bucket choice and flags, on the CPU (capture and replay:
-tests/gpu/test_piecewise_graph.py)."""
+"""The whole-step CUDA graphs' bucket choice and flags, on the CPU (capture and replay:
+tests/gpu/test_whole_graph.py; their attention metadata: tests/kernels/test_triton_attention.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from minisgl.attention import make_backend
 from minisgl.attention.torch_backend import TorchBackend
 from minisgl.attention.triton_backend import TritonBackend
 from minisgl.engine.config import EngineArgs
-from minisgl.engine.piecewise_graph import bucket_for, token_buckets
+from minisgl.engine.whole_graph import bucket_for, token_buckets
 from minisgl.server.args import parse_args
 
 
@@ -50,7 +50,7 @@ def test_flags_set_the_cap_or_turn_the_graphs_off(tiny_models):
 
 @pytest.mark.parametrize("backend_name", ["torch", "triton"])
 def test_store_with_padding_rows_then_attend_into_a_buffer_equals_forward(backend_name):
-    """What a replay does per layer: the piece stores the bucket's K/V (padding rows at the scratch slot, with
+    """What a padded step does per layer: the rope stores the bucket's K/V (padding rows at the scratch slot, with
     stale values), then attention of the real rows writes into the static output. Same output and the same
     pool as the plain forward; the scratch slot is the only other slot touched."""
     case = Case([5, 0, 17], [3, 9, 1], heads=4, kv_heads=2, head_dim=16, page_size=4)
