@@ -133,22 +133,12 @@ def test_a_step_above_the_largest_bucket_runs_eagerly(tiny_models):
         assert_close(g.prompt_logprobs, w.prompt_logprobs)
 
 
-def test_fp8_weights_in_bf16_pick_the_eager_forwards_tokens(tiny_models):
-    """FP8 weights (`--quantization fp8`) in bf16: padded and unpadded GEMMs round apart, so tokens are equal up
-    to the eager run's first near-tie and logprobs within bf16 noise (as tests/gpu/test_fast_path.py holds)."""
-    kwargs = {"dtype": "bfloat16", "quantization": "fp8", "max_prefill_tokens": 96}
-    graphs = make_llm(tiny_models["qwen3"], **kwargs)
-    eager = without_whole(make_llm(tiny_models["qwen3"], **kwargs))
-    for got, want in zip(graphs.generate(PROMPTS, PARAMS), eager.generate(PROMPTS, PARAMS)):
-        for g, w in zip(got.logprobs, want.logprobs):
-            if w.top[0][1] - w.top[1][1] < BF16_TOLERANCE:
-                break
-            assert g.token_id == w.token_id and abs(g.logprob - w.logprob) < BF16_TOLERANCE
-
-
-def test_fp8_kv_pool_in_bf16_picks_the_eager_forwards_tokens(tiny_models):
-    """An fp8 KV pool under a bf16 model: the graphs' attention loads fp8 as the eager kernels do."""
-    kwargs = {"dtype": "bfloat16", "kv_cache_dtype": "fp8", "max_prefill_tokens": 96}
+@pytest.mark.parametrize("fp8", [{"quantization": "fp8"}, {"kv_cache_dtype": "fp8"}], ids=["weights", "kv_pool"])
+def test_fp8_in_bf16_picks_the_eager_forwards_tokens(tiny_models, fp8):
+    """FP8 weights (`--quantization fp8`), or an fp8 KV pool (the graphs' attention loads fp8 as the eager kernels
+    do), under a bf16 model: padded and unpadded GEMMs round apart, so tokens are equal up to the eager run's first
+    near-tie and logprobs within bf16 noise (as tests/gpu/test_fast_path.py holds)."""
+    kwargs = {"dtype": "bfloat16", "max_prefill_tokens": 96, **fp8}
     graphs = make_llm(tiny_models["qwen3"], **kwargs)
     eager = without_whole(make_llm(tiny_models["qwen3"], **kwargs))
     for got, want in zip(graphs.generate(PROMPTS, PARAMS), eager.generate(PROMPTS, PARAMS)):
