@@ -287,9 +287,6 @@ class Engine:
             return self.whole.run(inputs, [r.row for r in batch.reqs], batch.kv_lens, batch.extend_lens)
         return self._hidden(inputs, backend)
 
-    def _logits(self, inputs: ForwardInput, backend) -> torch.Tensor:
-        return self._last_logits(inputs, self._hidden(inputs, backend))
-
     def _last_logits(self, inputs: ForwardInput, hidden: torch.Tensor) -> torch.Tensor:
         """Logits at each request's last position; its hidden state there is kept in `last_hidden`."""
         last = hidden[inputs.last_index]
@@ -298,7 +295,8 @@ class Engine:
 
     def _decode_logits(self, rows: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor:
         """What a decode graph captures: inputs from the tables, the model, the logits."""
-        return self._logits(self.decode_input(rows, kv_lens, self.max_seq_len), self.decode_backend)
+        inputs = self.decode_input(rows, kv_lens, self.max_seq_len)
+        return self._last_logits(inputs, self._hidden(inputs, self.decode_backend))
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> ForwardedStep:
