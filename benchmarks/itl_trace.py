@@ -9,7 +9,7 @@ scheduler tick and the previous chunk's by an earlier one, so the gap splits exa
 
 - the scheduler's part, the time between the two ticks' sends, itself the sum over the ticks between of: `loop`
   (from the last send to the next tick: receiving messages, idle ticks), `build` (messages applied, the batch
-  built: admissions), `enqueue` (the batch's forward and sampling enqueued, by its kind: `graph`, `pieces`,
+  built: admissions), `enqueue` (the batch's forward and sampling enqueued, by its kind: `graph`, `whole`,
   `eager`), `device` (the host blocked on a step's result, by whether that step carried prefill chunks: `mixed`
   or `decode`), `commit` (the rest of the tick: tokens appended, finishes) and `report` (outputs gathered);
 - `detok` and `api` (how much longer the later token took than the earlier from the scheduler's send to the
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from online import percentile  # noqa: E402
 from ttft_trace import json_lines, match_requests, read_ticks  # noqa: E402
 
-PARTS = ("loop", "build", "enqueue graph", "enqueue pieces", "enqueue eager", "device decode", "device mixed",
+PARTS = ("loop", "build", "enqueue graph", "enqueue whole", "enqueue eager", "device decode", "device mixed",
          "commit", "report", "detok", "api", "to_client")
 
 
