@@ -125,10 +125,10 @@ class Engine:
         self.page_size = args.page_size
         prefill_name, decode_name = backend_names(args.attention_backend, device)
         graph_bs = min(args.cuda_graph_max_bs, args.max_running_requests) if device.type == "cuda" else 0
-        piece_tokens = args.piecewise_graph_max_tokens if graph_bs else 0
+        prefill_graph_tokens = args.piecewise_graph_max_tokens if graph_bs else 0
         self.kv_dtype = kv_cache_dtype(args.kv_cache_dtype, config.dtype)
         self.num_pages = args.num_pages or self._pages_from_memory(attn.kv_heads, config.head_dim, graph_bs,
-                                                                     piece_tokens)
+                                                                     prefill_graph_tokens)
         self.pool = KVPool(config.num_layers, self.num_pages, args.page_size, attn.kv_heads, config.head_dim,
                            config.dtype, device, self.kv_dtype)
         # One row per running request, plus a last row that CUDA-graph padding points at: its pages
@@ -153,8 +153,8 @@ class Engine:
             dist.barrier(group=tp.cpu_group)  # a captured collective
         if graph_bs > 0 and self.decode_backend.supports_cuda_graph:
             self.graphs = DecodeGraphs(self._decode_logits, graph_bs, self.pad_row, device)
-        if piece_tokens:
-            self.whole = self._capture_whole(piece_tokens)
+        if prefill_graph_tokens:
+            self.whole = self._capture_whole(prefill_graph_tokens)
         self.step_cost: StepCost | None = None  # the scheduler's model of a step's device time (CUDA only)
         if self.whole is not None:
             bytes_per_token = KVPool.bytes_per_token(config.num_layers, attn.kv_heads, config.head_dim, self.kv_dtype)
@@ -195,13 +195,13 @@ class Engine:
         self.graphs = self.whole = None
         self.tp.destroy()
 
-    def _pages_from_memory(self, kv_heads: int, head_dim: int, graph_bs: int, piece_tokens: int) -> int:
+    def _pages_from_memory(self, kv_heads: int, head_dim: int, graph_bs: int, prefill_graph_tokens: int) -> int:
         """Fill what `memory_ratio` of the device leaves after the weights and a reserve for the CUDA
         graphs' activations; the same on every rank."""
         per_token = KVPool.bytes_per_token(self.config.num_layers, kv_heads, head_dim, self.kv_dtype)
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
-            budget = free - total * (1 - self.args.memory_ratio) - self._graph_reserve(graph_bs, piece_tokens)
+            budget = free - total * (1 - self.args.memory_ratio) - self._graph_reserve(graph_bs, prefill_graph_tokens)
         else:
             budget = CPU_KV_BUDGET
         pages = int(budget // (per_token * self.args.page_size))
@@ -211,14 +211,14 @@ class Engine:
                                f"raise memory_ratio or set num_pages")
         return pages
 
-    def _graph_reserve(self, graph_bs: int, piece_tokens: int) -> int:
+    def _graph_reserve(self, graph_bs: int, prefill_graph_tokens: int) -> int:
         """Bytes the CUDA graphs keep: the largest decode batch's logits (model dtype, and float32 while
         sampling) and, for it and the largest whole-step bucket, the widest activations, with a margin.
         The real figures are logged at capture."""
         c = self.config
         widest = max(c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim) * 4
-        return (graph_bs * (c.vocab_size * 10 + widest * c.dtype.itemsize) + piece_tokens * widest * c.dtype.itemsize
-                + (64 << 20) if graph_bs else 0)
+        return (graph_bs * (c.vocab_size * 10 + widest * c.dtype.itemsize)
+                + prefill_graph_tokens * widest * c.dtype.itemsize + (64 << 20) if graph_bs else 0)
 
     # ---- inputs ---------------------------------------------------------------------------------
 
