@@ -291,10 +291,15 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         num_stages=config.decode_stages)
 
 
+def _extend_block_m(group: int, config: KernelConfig) -> int:
+    """Query rows per extend tile: the config's, or a power of two that holds one token's `group` heads."""
+    return max(config.extend_block_m, triton.next_power_of_2(group))
+
+
 def extend_tokens_per_tile(heads: int, kv_heads: int, config: KernelConfig) -> int:
     """New tokens per extend tile: its query rows hold `group` heads of each token."""
     group = heads // kv_heads
-    return max(config.extend_block_m, triton.next_power_of_2(group)) // group
+    return _extend_block_m(group, config) // group
 
 
 def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
@@ -308,7 +313,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     heads, head_dim = q.shape[1], q.shape[2]
     kv_heads = k_cache.shape[1]
     group = heads // kv_heads
-    block_m = max(config.extend_block_m, triton.next_power_of_2(group))
+    block_m = _extend_block_m(group, config)
     num_reqs = rows.numel()
     if num_reqs == 0 or tiles == 0:
         return

@@ -189,11 +189,11 @@ class Scheduler:
         """Launch the next batch, then read the previous one (overlap) or this one (no overlap); returns the
         batch launched.
 
-        A batch with prefill tokens was long not a whole-graph replay: enqueuing its forward pass (piecewise
-        graphs around eager attention, or all eager above their largest bucket) cost the host several
-        milliseconds (3.6-4.9 ms for qwen3-0.6b on an H100 with the pieces, 22 ms eager; whole-step graphs,
-        engine/whole_graph.py, now replace the pieces), so reading the
-        previous step after it holds that step's tokens for the whole launch. Reading it first instead (the
+        Enqueuing a batch with prefill tokens still costs the host milliseconds (qwen3-0.6b on an H100, 64
+        decodes + 1,500 prompt tokens: ~2 ms with its whole-step graph, engine/whole_graph.py, whose inputs,
+        metadata, last-row logits and sampling stay eager; 3.4 ms with the piecewise graphs it replaced; 22 ms
+        all eager, above the largest bucket), so reading the previous step after it holds that step's tokens for
+        the whole launch. Reading it first instead (the
         batch built, the previous step read and its tokens sent, the batch launched at the next tick) leaves
         the device idle for that launch: every request of the batch waits that much longer, and a decoding
         stream sees one short gap then one long one. So it is done only where it serves more requests than
