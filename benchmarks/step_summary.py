@@ -9,8 +9,10 @@ chunks, or the host between them?). Steps are grouped by kind (`graph`: a whole 
 a whole-step graph of a step with prefill tokens, `eager`) and by what they hold: decodes only, prefill only, or both
 (`mixed`), and the number of decodes (classes up to 1, 16, 64, 128, 256 and beyond). Per group: steps; their device
 time (sum, share of all steps', mean per step; CUDA only: the trace's `device_ms`); decodes and prefill tokens per
-step; and the host's time per step to build the batch and to enqueue it. Last, the trace's wall span from the first
-launch to the last read against the device's sum: the difference is time the device had nothing queued.
+step; the host's time per step to build the batch and to enqueue it; and (CUDA) the device time over the step
+cost model's estimate (the trace's `model_ms`: the start-up model the scheduler sizes its chunks by). Last, the
+trace's wall span from the first launch to the last read against the device's sum: the difference is time the
+device had nothing queued.
 `--since-last-arrival` keeps only the steps from the last tick that admitted requests on: an offline workload's
 timed generate, without the engine's warm-up and the workload's own warm-up before it.
 """
@@ -34,6 +36,7 @@ class Step:
     prefill: int
     build_ms: float
     enqueue_ms: float
+    model_ms: float | None = None
     device_ms: float | None = None
 
 
@@ -47,6 +50,11 @@ class Group:
     def device_ms(self) -> float | None:
         times = [s.device_ms for s in self.steps]
         return None if None in times else sum(times)
+
+    def over_model(self) -> float | None:
+        """The group's device time over the cost model's estimate of it (steps with both only)."""
+        both = [(s.device_ms, s.model_ms) for s in self.steps if s.device_ms is not None and s.model_ms]
+        return sum(d for d, _ in both) / sum(m for _, m in both) if both else None
 
 
 def read_steps(path: Path, since_last_arrival: bool = False) -> tuple[list[Step], float]:
@@ -63,7 +71,7 @@ def read_steps(path: Path, since_last_arrival: bool = False) -> tuple[list[Step]
             prefill = sum(n for _, n in tick["chunks"])
             build = tick["build_s"] or 0.0
             steps[tick["step"]] = Step(tick["kind"], tick["decodes"], prefill, 1000 * build,
-                                       1000 * ((tick["launch_s"] or build) - build))
+                                       1000 * ((tick["launch_s"] or build) - build), tick.get("model_ms"))
             first_launch = first_launch if first_launch is not None else tick["t"] + build
         if tick.get("read") is not None:
             if tick["read"] in steps:
@@ -87,15 +95,17 @@ def summarize(steps: list[Step], span_ms: float) -> str:
     total = sum(s.device_ms for s in steps if s.device_ms is not None)
     timed = all(s.device_ms is not None for s in steps)
     rows = ["| kind | holds | decodes | steps | device ms (sum / share / mean) | decodes / step | prefill / step "
-            "| build / enqueue ms per step |", "|---|---|---|---|---|---|---|---|"]
+            "| build / enqueue ms per step | device / model |", "|---|---|---|---|---|---|---|---|---|"]
     order = sorted(groups, key=lambda k: -(groups[k].device_ms() or 0.0) if timed else k)
     for key in order:
         group = groups[key]
         device = group.device_ms()
         device_cell = (f"{device:,.1f} / {device / total:.0%} / {device / len(group.steps):.2f}"
                        if device is not None and total else "-")
+        ratio = group.over_model()
         rows.append(f"| {' | '.join(key)} | {len(group.steps)} | {device_cell} | {group.mean('decodes'):.1f} | "
-                    f"{group.mean('prefill'):.1f} | {group.mean('build_ms'):.2f} / {group.mean('enqueue_ms'):.2f} |")
+                    f"{group.mean('prefill'):.1f} | {group.mean('build_ms'):.2f} / {group.mean('enqueue_ms'):.2f} | "
+                    f"{'-' if ratio is None else f'{ratio:.2f}'} |")
     tokens = sum(s.decodes for s in steps), sum(s.prefill for s in steps)
     rows.append(f"\n{len(steps)} steps, {tokens[0]:,} decode and {tokens[1]:,} prefill tokens; wall span "
                 f"{span_ms:,.1f} ms" + (f", device {total:,.1f} ms ({total / span_ms:.0%}), idle "

@@ -216,7 +216,7 @@ class Scheduler:
         launched = None
         if batch is not None:
             if self.trace is not None:
-                self.trace.launching(batch, self.engine.step_kind(batch))
+                self.trace.launching(batch, self.engine.step_kind(batch), self.engine.step_cost)
             forwarded = self.engine.forward(batch)
             if previous is not None and self._constrained(batch):
                 self._commit(previous)

@@ -12,8 +12,9 @@ Linux. `StepTrace` writes FILE on the scheduler's TP leader, one JSON line per t
   oldest generation it collected (-1: none);
 - the requests that arrived (`added`: [rid, prompt length]) and how many were retracted (`retracted`);
 - the launched step: `step` (its number, or None), `decodes`, `chunks` ([rid, tokens] of its prefill part), `kind`
-  (`graph`: a whole decode CUDA graph; `whole`: a whole-step graph of a step with prefill tokens; `eager`) and `bucket`
-  (the graph's batch size or token bucket);
+  (`graph`: a whole decode CUDA graph; `whole`: a whole-step graph of a step with prefill tokens; `eager`), `bucket`
+  (the graph's batch size or token bucket) and `model_ms` (the start-up step cost model's estimate of its device
+  time, engine/step_cost.py, which the scheduler sizes prefill chunks by; CUDA only);
 - the step read in this tick: `read` (its number), `device_ms` (its span on the device, from an event recorded
   before its enqueue to one after its copies; CUDA only), `got` (the rids that got a token from it, in batch
   order: each tick reads at most one token per request) and `first` (those whose first token it was).
@@ -35,6 +36,7 @@ from typing import TextIO
 import torch
 
 from minisgl.core import Batch, Req
+from minisgl.engine.step_cost import StepCost
 
 ENV = "MINISGL_STEP_TRACE"
 
@@ -67,10 +69,14 @@ class StepTrace:
         path = os.environ.get(ENV)
         return cls(path, device.type == "cuda") if path and is_leader else None
 
-    def launching(self, batch: Batch, kind: tuple[str, int | None]) -> None:
+    def launching(self, batch: Batch, kind: tuple[str, int | None], cost: StepCost | None) -> None:
         """Just before `batch` is enqueued: number it, and mark the stream (the step's device span starts here)."""
         self.numbers[id(batch)] = [self.steps, self._event(), None]
-        self.tick.update(step=self.steps, kind=kind[0], bucket=kind[1], build_at=time.monotonic())
+        model_ms = None
+        if cost is not None:  # as Scheduler._prefill_room counts: the decodes read their cached tokens
+            cached = sum(kv for kv, n in zip(batch.kv_lens, batch.extend_lens) if n == 1)
+            model_ms = round(cost.ms(sum(batch.extend_lens), cached), 3)
+        self.tick.update(step=self.steps, kind=kind[0], bucket=kind[1], model_ms=model_ms, build_at=time.monotonic())
         self.steps += 1
 
     def launched(self, batch: Batch) -> None:
@@ -111,6 +117,7 @@ class StepTrace:
             "t": round(start, 6), **since, "tick_s": round(time.monotonic() - start, 6),
             "added": [[r.rid, len(r.prompt_ids)] for r in added], "retracted": retracted,
             "step": tick.get("step"), "kind": tick.get("kind"), "bucket": tick.get("bucket"),
+            "model_ms": tick.get("model_ms"),
             "decodes": len(batch.reqs) - len(chunks) if batch else 0, "chunks": chunks,
             "read": tick.get("read"), "device_ms": tick.get("device_ms"),
             "got": [r.rid for r in got], "first": [r.rid for r in got if len(r.output_ids) == 1],

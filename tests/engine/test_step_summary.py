@@ -38,3 +38,21 @@ def test_step_summary_accounts_for_every_step_of_the_last_generate(tiny_models, 
     assert {row[1].strip() for row in rows} <= {"decode", "prefill", "mixed"}
     decodes = sum(len(out.token_ids) - 1 for out in outs)
     assert lines[-1].startswith(f"{steps} steps, {decodes} decode and 44 prefill tokens; wall span ")
+    if DEVICE == "cpu":  # no step cost model, no device time: no ratio
+        assert {row[-1].strip() for row in rows} == {"-"}
+
+
+def test_a_groups_device_time_is_set_against_the_models_estimate_of_it(tmp_path):
+    """Two mixed steps that took 1.5x and 1.1x their estimates (6 + 11 ms against 4 + 10) read 17 / 14 = 1.21x."""
+    sys.path.insert(0, str(BENCHMARKS))
+    from step_summary import read_steps, summarize
+
+    base = {"build_s": 0.001, "launch_s": 0.002, "added": [], "kind": "whole", "decodes": 40, "read": None}
+    lines = [{**base, "t": 1.0, "step": 0, "chunks": [[7, 500]], "model_ms": 4.0},
+             {**base, "t": 1.01, "step": 1, "chunks": [[7, 300]], "model_ms": 10.0, "read": 0, "device_ms": 6.0,
+              "read_s": 0.003},
+             {**base, "t": 1.02, "step": None, "chunks": [], "read": 1, "device_ms": 11.0, "read_s": 0.001}]
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    rows = [line for line in summarize(*read_steps(path)).splitlines() if line.startswith("| whole")]
+    assert len(rows) == 1 and rows[0].rstrip(" |").endswith("| 1.21")

@@ -48,10 +48,12 @@ def test_trace_numbers_steps_and_reads_each_token_once(tiny_models, tmp_path, mo
     assert all(launched[step] <= k for step, k in reads)  # with overlap, usually the tick after
     kinds = {t["kind"] for t in ticks if t["step"] is not None}
     device_ms = [t["device_ms"] for t in ticks if t["read"] is not None]
-    if DEVICE == "cpu":  # no CUDA graphs, no device events
-        assert kinds == {"eager"} and device_ms == [None] * len(reads)
+    model_ms = [t["model_ms"] for t in ticks if t["step"] is not None]
+    if DEVICE == "cpu":  # no CUDA graphs, no device events, no step cost model
+        assert kinds == {"eager"} and device_ms == [None] * len(reads) and model_ms == [None] * len(launched)
     else:  # the decodes of two requests replay a graph; every step's device span is measured
         assert "graph" in kinds and kinds <= {"graph", "whole", "eager"} and all(ms > 0 for ms in device_ms)
+        assert all(ms > 0 for ms in model_ms)
     assert all("sent" not in t for t in ticks)  # offline: no detokenizer to send to
     got = Counter(rid for t in ticks for rid in t["got"] if rid >= 0)
     assert sorted(got.values()) == sorted(len(o.token_ids) for o in outs)
