@@ -11,6 +11,10 @@ between consecutive chunks that carry tokens) and TPOT ((end - first token) / (t
 output tokens per second over the level's wall time, and the server's own mean queue and prefill times
 from the vLLM-named histograms of its /metrics (where the first token's wait is spent server-side). A level's
 streams are spread over `--clients` processes, so the client keeps up with the fastest server.
+`--repeats K` runs each level K times on the same server, each run with prompts of its own (no prefix-cache hit
+across runs), and adds a row of each figure's median over the runs: a 64-stream level's ITL p99 is set by a few
+hundred gaps, and on one H100 the same tree gave anything from 7.9 to 17.6 ms, so one run per server start says
+little, while a run costs a few seconds and a server start half a minute.
 `--serve` starts a server on a directory holding only the config (dummy weights, no tokenizer), waits for
 /health, runs the levels and stops it. Prints a markdown table and one JSON line per level.
 """
@@ -27,6 +31,7 @@ import random
 import re
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+
+REPEAT_SEED_STRIDE = 100_003  # a level's k-th run draws its prompts from seed + streams + k * this
 
 STAGES = {  # vLLM's histogram names (minisgl exports the same): their _sum / _count per level
     "server_ttft": "vllm:time_to_first_token_seconds",
@@ -117,10 +124,11 @@ def client_process(url: str, model: str, streams: list[list[list[int]]], max_tok
     return asyncio.run(run_streams(url, model, streams, max_tokens, start_at))
 
 
-async def level(url: str, model: str, streams: int, a: argparse.Namespace) -> dict:
-    """One level: `streams` closed-loop streams, spread over `--clients` processes (one event loop parsing every
-    chunk of 256 streams is itself a bottleneck, and its lag would count against the faster server)."""
-    rng, rounds, (shortest, longest) = random.Random(a.seed + streams), a.rounds, a.prompt_len
+async def level(url: str, model: str, streams: int, a: argparse.Namespace, repeat: int = 0) -> dict:
+    """One level's `repeat`-th run: `streams` closed-loop streams, spread over `--clients` processes (one event loop
+    parsing every chunk of 256 streams is itself a bottleneck, and its lag would count against the faster server)."""
+    rng = random.Random(a.seed + streams + REPEAT_SEED_STRIDE * repeat)
+    rounds, (shortest, longest) = a.rounds, a.prompt_len
     prompts = [[rng.randint(10, a.max_id) for _ in range(rng.randint(shortest, longest))]
                for _ in range(streams * rounds)]
     per_stream = [prompts[i * rounds: (i + 1) * rounds] for i in range(streams)]
@@ -156,6 +164,19 @@ async def level(url: str, model: str, streams: int, a: argparse.Namespace) -> di
     return row
 
 
+def median_row(runs: list[dict]) -> dict:
+    """One level's runs in one row: each figure's median, the requests and errors summed."""
+    row = {key: value for key, value in runs[0].items() if not isinstance(value, (int, float)) or key == "streams"}
+    for key in runs[0]:
+        values = [r[key] for r in runs if isinstance(r.get(key), (int, float)) and not isinstance(r[key], bool)]
+        if key not in row and len(values) == len(runs):
+            middle = statistics.median(values)
+            row[key] = sum(values) if key in ("requests", "errors") else \
+                round(middle) if all(isinstance(v, int) for v in values) else round(middle, 2)
+    row.pop("first_error", None)  # the failing run's own row says it
+    return {**row, "repeat": "median"}
+
+
 def request_line(streams: int, t: Timing) -> dict:
     """One request's timestamps (perf_counter, the server's monotonic clock): sent, first chunk, and every chunk's
     arrival as microseconds after the first (`after_us`) with the tokens it carried (`n`, only when some chunk
@@ -180,11 +201,12 @@ def table(rows: list[dict]) -> str:
              "server TTFT / queue / prefill mean (ms) |", "|---|---|---|---|---|---|"]
     for r in rows:
         stages = " / ".join(str(r.get(f"{k}_mean_ms", "-")) for k in STAGES)
-        lines.append(f"| {r['streams']} | {r['ttft_p50_ms']} / {r['ttft_p99_ms']} | {r['itl_p50_ms']} / "
+        label = f"{r['streams']} ({r['repeat']})" if "repeat" in r else r["streams"]
+        lines.append(f"| {label} | {r['ttft_p50_ms']} / {r['ttft_p99_ms']} | {r['itl_p50_ms']} / "
                      f"{r['itl_p99_ms']} | {r['tpot_p50_ms']} / {r['tpot_p99_ms']} | {r['output_tok_s']:,} | "
                      f"{stages} |")
     lines += [f"{r['streams']} streams: {r['errors']} of {r['requests']} requests failed (first: {r['first_error']})"
-              for r in rows if r.get("errors")]  # a failed request has no timings: the table alone would hide it
+              for r in rows if r.get("errors") and r.get("repeat") != "median"]  # else the table hides a failure
     return "\n".join(lines)
 
 
@@ -220,6 +242,8 @@ def main() -> None:
     p.add_argument("--model", default="m", help="the request's model field (--serve names its server's so)")
     p.add_argument("--levels", default="1,16,64,256", help="concurrent streams, comma-separated")
     p.add_argument("--rounds", type=int, default=3, help="requests each stream sends, one after another")
+    p.add_argument("--repeats", type=int, default=1, help="runs of each level, each with prompts of its own; "
+                   "with more than one, a row of their medians follows")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--prompt-len", type=lambda v: tuple(map(int, v.split(","))), default=(256, 1024),
                    help="SHORTEST,LONGEST prompt, in tokens")
@@ -250,13 +274,22 @@ def main() -> None:
             print(f"ready in {tag['ready_s']} s", flush=True)
         asyncio.run(warm_up(a))
         rows = []
-        for n in levels:
-            row = {**tag, **asyncio.run(level(a.url, a.model, n, a))}
+
+        def keep(row: dict) -> None:
             print(json.dumps(row), flush=True)
             rows.append(row)
             if a.json:
                 with open(a.json, "a") as f:
                     f.write(json.dumps(row) + "\n")
+
+        for n in levels:
+            runs = []
+            for k in range(a.repeats):
+                runs.append({**tag, **asyncio.run(level(a.url, a.model, n, a, k)),
+                             **({"repeat": k} if a.repeats > 1 else {})})
+                keep(runs[-1])
+            if a.repeats > 1:
+                keep(median_row(runs))
         print(table(rows))
     finally:
         if proc is not None:

@@ -9,7 +9,8 @@
 # SERVER_FLAGS: commas for spaces (--max-num-batched-tokens,4096). vLLM 0.26.0 runs from $VLLM_SITE (default
 # $HOME/peer/site: its wheel and its server's packages, installed with `pip install --target`), minisgl with its
 # server packages in $HOME/site (the .whl folder, as benchmarks/gpu_check.sh installs it). LEVELS and ROUNDS
-# are online.py's --levels and --rounds (default 1,16,64,256 and 2); SPEC_TIMEOUT bounds each spec (300 s).
+# are online.py's --levels and --rounds (default 1,16,64,256 and 2), REPEATS its --repeats (runs of each level on one
+# server, each with prompts of its own, and a row of their medians; default 1); SPEC_TIMEOUT bounds each spec (300 s).
 # TRACE=1 adds, for each minisgl spec, the TTFT stage table of benchmarks/ttft_trace.py and the long inter-token
 # gaps' table of benchmarks/itl_trace.py (the server's trace and the client's timestamps, kept in the logs).
 set -uo pipefail
@@ -30,7 +31,7 @@ for spec in "$@"; do
   fi
   start=$SECONDS
   env "${env[@]}" timeout "${SPEC_TIMEOUT:-300}" python3 benchmarks/online.py --serve "$engine" \
-    --config ".bench_models/$model.json" --levels "${LEVELS:-1,16,64,256}" --rounds "${ROUNDS:-2}" \
+    --config ".bench_models/$model.json" --levels "${LEVELS:-1,16,64,256}" --rounds "${ROUNDS:-2}" --repeats "${REPEATS:-1}" \
     --server-args="${flags//,/ }" --log "$logs/$tag.server.log" --json "$out/online.jsonl" "${trace[@]}" \
     > "$logs/$tag.txt" 2>&1
   code=$?
