@@ -319,7 +319,8 @@ def test_cache_salt_keeps_tenants_apart() -> None:
 def test_flush_writes_each_rows_pages_and_only_the_last_owners(ps: int) -> None:
     """One flush per step sends every admission's and allocation's page-table entries: each running request's row
     then holds exactly its pages (a cached prefix, then chunks reserved over several steps). A row freed and
-    handed to another request before the flush holds the new owner's pages, not the old ones."""
+    handed to another request before the flush holds the new owner's pages, not the old ones. Runs of one page
+    and of many share a flush."""
     table = torch.full((4, 64), -1, dtype=torch.int32)
     manager = KVCacheManager(200, ps, RadixCache(ps), table, 4)
     rids = iter(range(100))
@@ -340,11 +341,12 @@ def test_flush_writes_each_rows_pages_and_only_the_last_owners(ps: int) -> None:
     manager.release(gone)  # freed before the flush: its row goes back, its entries with it
     b = admitted([8] * (2 * ps), 2 * ps)
     assert b.row == row
+    c = admitted([9] * ps, ps)  # a one-page run among longer ones in the same flush
     manager.flush()
     a.kv_len += 2 * ps
-    assert manager.reserve(a, ps)  # the next step's allocation
+    assert manager.reserve(a, ps)  # the next step's allocation: one-page runs only
     manager.flush()
-    for req in (a, b):
+    for req in (a, b, c):
         assert table[req.row, :len(req.pages)].tolist() == req.pages
     assert table[b.row, len(b.pages):5].tolist() == [-1] * (5 - len(b.pages))  # gone's pages never written
     assert len(a.pages) == 9 and a.cached_tokens == 6 * ps
