@@ -20,8 +20,9 @@ A negative part means the earlier chunk was the one held at that stage (a late c
 A gap is long above `--threshold-ms`, by default each level's p99. Per level: how many long gaps; each part's mean
 over the long gaps, its share of their time, its mean over all gaps, and how many long gaps it is the cause of (the
 part that exceeds its all-gaps mean the most); how often a long gap's ticks held a step of each kind (or the gap
-before it was long too, or a garbage collection ran in them), against how often any gap's did; on CUDA the device
-span of the steps read in a gap's ticks; and the scheduler's garbage-collection time in them.
+before it was long too, a garbage collection ran in them, or, on CUDA, the caching allocator freed, retried or
+allocated device memory), against how often any gap's did; on CUDA the device span of the steps read in a gap's
+ticks; and the scheduler's garbage-collection time in them.
 """
 
 from __future__ import annotations
@@ -109,6 +110,11 @@ class Trace:
                 gap.flags.add("requests arrived")
             if tick["retracted"]:
                 gap.flags.add("retraction")
+            retries, syncs, allocs, frees = tick.get("allocator") or (0, 0, 0, 0)  # CUDA traces since session 8
+            if retries or syncs or frees:
+                gap.flags.add("an allocator retry, stream sync or device free")
+            if allocs:
+                gap.flags.add("a device allocation")
             if tick.get("gc_gen", -1) >= 0:  # older traces have no gc fields
                 gap.flags.add(f"a gen-{tick['gc_gen']} garbage collection")
                 gap.gc_ms += tick["gc_ms"]

@@ -9,7 +9,9 @@ Linux. `StepTrace` writes FILE on the scheduler's TP leader, one JSON line per t
   difference is the time it blocked on the device), `tick_s` (the tick's end); on a server, a line `{"sent": T}`
   follows when the tick had outputs: when they were handed to the detokenizer's socket; `gc_ms` and `gc_gen`:
   the time Python's cyclic garbage collector ran in the tick (a pause of the host wherever it struck) and the
-  oldest generation it collected (-1: none);
+  oldest generation it collected (-1: none); `allocator` (CUDA only): what PyTorch's caching allocator did since
+  the last line, as counts of ALLOCATOR_EVENTS (a failed cudaMalloc retried after freeing the cache, a sync of every
+  stream, a device allocation, a device free: the first two wait for the device, and a free may too);
 - the requests that arrived (`added`: [rid, prompt length]) and how many were retracted (`retracted`);
 - the launched step: `step` (its number, or None), `decodes`, `chunks` ([rid, tokens] of its prefill part), `kind`
   (`graph`: a whole decode CUDA graph; `whole`: a whole-step graph of a step with prefill tokens; `eager`), `bucket`
@@ -39,6 +41,7 @@ from minisgl.core import Batch, Req
 from minisgl.engine.step_cost import StepCost
 
 ENV = "MINISGL_STEP_TRACE"
+ALLOCATOR_EVENTS = ("num_alloc_retries", "num_sync_all_streams", "num_device_alloc", "num_device_free")
 
 
 class StepTrace:
@@ -52,6 +55,7 @@ class StepTrace:
         self.numbers: dict[int, list] = {}  # id(batch) -> [step number, start event, end event] (events: CUDA only)
         self.tick: dict = {}  # this tick's launch and read, so far
         self.wrote = False  # a line for the last tick (so its send is worth a line)
+        self.allocator = self._allocator_counts()  # ALLOCATOR_EVENTS so far (CUDA only)
         self.gc_began = 0.0
         collecting = weakref.WeakMethod(self._collecting)  # a finished engine's trace is not kept alive by gc
         gc.callbacks.append(lambda phase, info: (method := collecting()) and method(phase, info))
@@ -91,6 +95,12 @@ class StepTrace:
         event.record()
         return event
 
+    def _allocator_counts(self) -> list[int] | None:
+        if not self.cuda:
+            return None
+        stats = torch.cuda.memory_stats()
+        return [stats.get(event, 0) for event in ALLOCATOR_EVENTS]
+
     def reading(self) -> None:
         self.tick["read_from"] = time.monotonic()
 
@@ -110,6 +120,8 @@ class StepTrace:
         if not self.wrote:  # an idle tick
             return
         chunks = [[r.rid, n] for r, n in zip(batch.reqs, batch.extend_lens) if n > 1] if batch else []
+        allocator, before = self._allocator_counts(), self.allocator
+        self.allocator = allocator
         since = {key: round(tick[at] - start, 6) if at in tick else None
                  for key, at in (("build_s", "build_at"), ("launch_s", "launch_at"), ("wait_from_s", "read_from"),
                                  ("read_s", "read_at"))}
@@ -121,7 +133,8 @@ class StepTrace:
             "decodes": len(batch.reqs) - len(chunks) if batch else 0, "chunks": chunks,
             "read": tick.get("read"), "device_ms": tick.get("device_ms"),
             "got": [r.rid for r in got], "first": [r.rid for r in got if len(r.output_ids) == 1],
-            "gc_ms": round(tick.get("gc_ms", 0.0), 3), "gc_gen": tick.get("gc_gen", -1)})
+            "gc_ms": round(tick.get("gc_ms", 0.0), 3), "gc_gen": tick.get("gc_gen", -1),
+            "allocator": [now - then for now, then in zip(allocator, before)] if allocator is not None else None})
 
     def sent(self) -> None:
         """The last tick's outputs are being sent to the detokenizer (just before: the detokenizer's own stamp for

@@ -130,3 +130,57 @@ def test_trace_puts_a_garbage_collection_in_the_tick_it_paused(tiny_models, tmp_
     collected = [t for t in ticks if t["gc_gen"] == 2]
     assert len(ticks) == len(steps) and [t["step"] for t in collected] == [steps[2]]
     assert collected[0]["gc_ms"] > 0
+
+
+def test_trace_counts_the_caching_allocators_device_calls_in_their_tick(tiny_models, tmp_path, monkeypatch):
+    """On CUDA, device memory allocated past the allocator's cache while one step is enqueued shows in that step's
+    tick (`allocator`: retries, stream syncs, device allocations, device frees); on the CPU there is none to count."""
+    import torch
+
+    from minisgl.engine.engine import Engine
+
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("MINISGL_STEP_TRACE", str(path))
+    llm = LLM(tiny_models["qwen3"], device=DEVICE, dtype="float32", num_pages=1024, cuda_graph_max_bs=8)
+    forward, steps, kept = Engine.forward, [], []
+
+    def forward_allocating_once(engine, batch):
+        steps.append(llm.scheduler.trace.steps - 1)
+        if len(steps) == 3 and DEVICE != "cpu":
+            torch.cuda.empty_cache()  # nothing cached to serve it: a device allocation of its own
+            kept.append(torch.empty(96 << 20, dtype=torch.uint8, device=DEVICE))
+        return forward(engine, batch)
+
+    monkeypatch.setattr(Engine, "forward", forward_allocating_once)
+    try:
+        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=6, ignore_eos=True))
+    finally:
+        llm.shutdown()
+    ticks = [json.loads(line) for line in path.read_text().splitlines() if '"step"' in line]
+    ticks = [t for t in ticks if t["step"] in steps]
+    assert len(ticks) == len(steps) >= 3
+    if DEVICE == "cpu":
+        assert all(t["allocator"] is None for t in ticks)
+    else:
+        forced = next(t for t in ticks if t["step"] == steps[2])
+        assert len(forced["allocator"]) == 4 and forced["allocator"][2] >= 1
+        assert all(n >= 0 for t in ticks for n in t["allocator"])
+
+
+def test_itl_trace_flags_the_gap_whose_ticks_hold_an_allocators_device_call(tiny_models, tmp_path, monkeypatch):
+    """A device allocation (or a free, a retry, a stream sync) counted in one tick flags the one gap whose window
+    holds that tick, and no other."""
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("MINISGL_STEP_TRACE", str(path))
+    traced_run(tiny_models, path)
+    trace = Trace(str(path))
+    rid = next(rid for t in trace.ticks for rid, n in t["added"] if n == 3)
+    reads = trace.token_ticks[rid]
+    trace.ticks[reads[4]]["allocator"] = [0, 0, 1, 0]  # the tick that read its fifth token
+    trace.ticks[reads[6]]["allocator"] = [0, 0, 0, 2]
+    ends = [trace.sent(i) for i in reads]
+    request = {"streams": 1, "prompt_len": 3, "start": ends[0] - 0.01, "first": ends[0],
+               "after_us": [round(1e6 * (end - ends[0])) for end in ends]}
+    gaps = gaps_of(request, rid, trace)
+    assert [k for k, g in enumerate(gaps) if "a device allocation" in g.flags] == [3]
+    assert [k for k, g in enumerate(gaps) if "an allocator retry, stream sync or device free" in g.flags] == [5]
