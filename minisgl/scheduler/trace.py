@@ -10,8 +10,9 @@ Linux. `StepTrace` writes FILE on the scheduler's TP leader, one JSON line per t
   follows when the tick had outputs: when they were handed to the detokenizer's socket; `gc_ms` and `gc_gen`:
   the time Python's cyclic garbage collector ran in the tick (a pause of the host wherever it struck) and the
   oldest generation it collected (-1: none); `allocator` (CUDA only): what PyTorch's caching allocator did since
-  the last line, as counts of ALLOCATOR_EVENTS (a failed cudaMalloc retried after freeing the cache, a sync of every
-  stream, a device allocation, a device free: the first two wait for the device, and a free may too);
+  the last line (the first line: zeros, so the warm-up is not counted), as counts of ALLOCATOR_EVENTS (a failed
+  cudaMalloc retried after freeing the cache, a sync of every stream, a device allocation, a device free: the first
+  two wait for the device, and a free may too);
 - the requests that arrived (`added`: [rid, prompt length]) and how many were retracted (`retracted`);
 - the launched step: `step` (its number, or None), `decodes`, `chunks` ([rid, tokens] of its prefill part), `kind`
   (`graph`: a whole decode CUDA graph; `whole`: a whole-step graph of a step with prefill tokens; `eager`), `bucket`
@@ -55,7 +56,7 @@ class StepTrace:
         self.numbers: dict[int, list] = {}  # id(batch) -> [step number, start event, end event] (events: CUDA only)
         self.tick: dict = {}  # this tick's launch and read, so far
         self.wrote = False  # a line for the last tick (so its send is worth a line)
-        self.allocator = self._allocator_counts()  # ALLOCATOR_EVENTS so far (CUDA only)
+        self.allocator: list[int] | None = None  # ALLOCATOR_EVENTS at the last line (CUDA; the first counts none)
         self.gc_began = 0.0
         collecting = weakref.WeakMethod(self._collecting)  # a finished engine's trace is not kept alive by gc
         gc.callbacks.append(lambda phase, info: (method := collecting()) and method(phase, info))
@@ -120,8 +121,8 @@ class StepTrace:
         if not self.wrote:  # an idle tick
             return
         chunks = [[r.rid, n] for r, n in zip(batch.reqs, batch.extend_lens) if n > 1] if batch else []
-        allocator, before = self._allocator_counts(), self.allocator
-        self.allocator = allocator
+        allocator = self._allocator_counts()
+        before, self.allocator = self.allocator or allocator, allocator
         since = {key: round(tick[at] - start, 6) if at in tick else None
                  for key, at in (("build_s", "build_at"), ("launch_s", "launch_at"), ("wait_from_s", "read_from"),
                                  ("read_s", "read_at"))}
