@@ -110,7 +110,7 @@ class Trace:
                 gap.flags.add("requests arrived")
             if tick["retracted"]:
                 gap.flags.add("retraction")
-            retries, syncs, allocs, frees = tick.get("allocator") or (0, 0, 0, 0)  # CUDA traces since session 8
+            retries, syncs, allocs, frees = tick.get("allocator") or (0, 0, 0, 0)  # CPU and older traces have none
             if retries or syncs or frees:
                 gap.flags.add("an allocator retry, stream sync or device free")
             if allocs:

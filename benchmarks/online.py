@@ -165,15 +165,20 @@ async def level(url: str, model: str, streams: int, a: argparse.Namespace, repea
 
 
 def median_row(runs: list[dict]) -> dict:
-    """One level's runs in one row: each figure's median, the requests and errors summed."""
-    row = {key: value for key, value in runs[0].items() if not isinstance(value, (int, float)) or key == "streams"}
-    for key in runs[0]:
-        values = [r[key] for r in runs if isinstance(r.get(key), (int, float)) and not isinstance(r[key], bool)]
-        if key not in row and len(values) == len(runs):
-            middle = statistics.median(values)
-            row[key] = sum(values) if key in ("requests", "errors") else \
-                round(middle) if all(isinstance(v, int) for v in values) else round(middle, 2)
-    row.pop("first_error", None)  # the failing run's own row says it
+    """One level's runs in one row: each figure's median (an integer figure stays one), the requests and errors
+    summed; a figure some run lacks is left out, and so is the first error (the failing run's own row says it)."""
+    row = {}
+    for key, value in runs[0].items():
+        values = [r.get(key) for r in runs]
+        if key in ("streams", "repeat") or not isinstance(value, (int, float)):
+            row[key] = value
+        elif key in ("requests", "errors"):
+            row[key] = sum(values)
+        elif all(isinstance(v, int) for v in values):
+            row[key] = round(statistics.median(values))
+        elif all(isinstance(v, (int, float)) for v in values):
+            row[key] = round(statistics.median(values), 2)
+    row.pop("first_error", None)
     return {**row, "repeat": "median"}
 
 
