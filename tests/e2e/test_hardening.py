@@ -341,10 +341,11 @@ def test_schemathesis_finds_no_5xx_and_no_contract_violation(model, tmp_path):
 
 def test_a_burst_past_the_queue_limit_is_admitted_only_up_to_it(model, tmp_path):
     # the long request must still hold the running slot when the whole burst has arrived: at the tiny model's
-    # 2,048 positions it could finish first on a loaded machine, and its freed slot admitted more than 2 (at 16,384
-    # it still did once, in a full CI run: two of the burst's first 39 answers were 200s)
+    # 2,048 positions it could finish first on a loaded machine, and its freed slot admitted more than 2. The pool
+    # bounds it too: in the fixture's 4,096 pages it ended ("length") after ~4,000 tokens, a few seconds, which a
+    # loaded CI machine's burst outlasted twice; 131,072 pages let it run to its 65,536 positions
     srv = Server(long_context_copy(model, tmp_path, 65536), "--max-queued-requests", "2",
-                 "--max-running-requests", "1")
+                 "--max-running-requests", "1", "--num-pages", "131072")
     try:
         room = srv.info()["max_seq_len"] - 2  # as long as the context allows (beyond it is a 400)
         long = {"model": "tiny", "prompt": [5, 6], "max_tokens": room, "ignore_eos": True, "stream": True}
