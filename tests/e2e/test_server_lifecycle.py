@@ -37,10 +37,11 @@ def alive(pid: int) -> bool:
 
 
 def test_sigterm_drains_in_flight_requests_then_exits_0(model, tmp_path):
-    # 3,000 tokens (a longer context for them): seconds of decoding even on a fast CPU, so the
-    # request is still running when the checks below reach the draining server (1,000 once finished before them)
-    srv = Server(long_context_copy(model, tmp_path, 16384), "--shutdown-timeout", "300")
-    body = {"model": "tiny", "prompt": "Keep talking", "max_tokens": 3000, "ignore_eos": True, "stream": True}
+    # 10,000 tokens (a context and a pool for them): ~20 s of decoding on this 2-core CPU, so the request is still
+    # running when the checks below reach the draining server. 3,000 (~3 s) once finished first in CI: the
+    # scheduler decodes on while a loaded machine delays the api process.
+    srv = Server(long_context_copy(model, tmp_path, 16384), "--shutdown-timeout", "300", "--num-pages", "16384")
+    body = {"model": "tiny", "prompt": "Keep talking", "max_tokens": 10000, "ignore_eos": True, "stream": True}
     result: dict = {}
     streaming = threading.Event()
 
