@@ -58,7 +58,7 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(model, tmp_path):
     thread.start()
     assert streaming.wait(timeout=30)  # the request is running: its first tokens came
     os.killpg(srv.proc.pid, signal.SIGTERM)  # the whole group, as a Ctrl-C or `timeout` does: children ignore it
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # seconds at most on a loaded machine
     while httpx.get(f"{srv.url}/health").status_code != 503:  # the signal is handled on the event loop
         assert time.monotonic() < deadline
         time.sleep(0.02)
@@ -86,8 +86,10 @@ def test_a_dead_scheduler_takes_the_server_down(model):
     code = srv.proc.wait(timeout=10)
     assert code != 0 and time.monotonic() - start < 10
     assert "scheduler-0" in srv.output() and "exited with code -9" in srv.output()
-    time.sleep(0.5)
-    assert not any(alive(pid) for pid in children.values()), "orphaned child processes"
+    deadline = time.monotonic() + 10  # the kernel kills them (PR_SET_PDEATHSIG); a loaded machine takes a while
+    while any(alive(pid) for pid in children.values()):
+        assert time.monotonic() < deadline, "orphaned child processes"
+        time.sleep(0.05)
 
 
 def test_tp2_server_answers_like_tp1(model):
