@@ -271,3 +271,14 @@ class Batch:
     @property
     def is_decode(self) -> bool:
         return all(n == 1 for n in self.extend_lens) and not self.scored
+
+    @property
+    def decodes(self) -> int:
+        """The leading requests of one new token each: the step's decodes (the scheduler puts them first)."""
+        return next((i for i, n in enumerate(self.extend_lens) if n != 1), len(self.extend_lens))
+
+    @property
+    def decode_kv_tokens(self) -> int:
+        """The cached tokens the decodes read: what the step's decode part costs beside its tokens
+        (engine/step_cost.py)."""
+        return sum(self.kv_lens[:self.decodes])

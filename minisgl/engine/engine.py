@@ -38,11 +38,6 @@ CPU_KV_BUDGET = 256 << 20  # bytes of KV pool on a CPU when num_pages is not giv
 PROMPT_SCORE_ROWS = 256  # prompt positions scored at once: bounds the [rows, vocab] float32 logits
 
 
-def leading_decodes(extend_lens: list[int]) -> int:
-    """The leading requests of one new token each: a step's decodes (the scheduler puts them first)."""
-    return next((i for i, n in enumerate(extend_lens) if n != 1), len(extend_lens))
-
-
 def resolve_device(name: str, rank: int) -> torch.device:
     """'auto' prefers CUDA; TP rank r of a CUDA run uses GPU r."""
     if name == "auto":
@@ -241,8 +236,7 @@ class Engine:
 
     def extend_input(self, batch: Batch) -> ForwardInput:
         """Any mix of prefill chunks, prefix-cache extends and decodes, with one host->device copy."""
-        lens, total = batch.extend_lens, sum(batch.extend_lens)
-        decodes = leading_decodes(lens)
+        lens, total, decodes = batch.extend_lens, sum(batch.extend_lens), batch.decodes
         rows, kv_lens, extend_lens = upload([[r.row for r in batch.reqs], batch.kv_lens, lens], torch.int64,
                                             self.device)
         arange = torch.arange(total, device=self.device)
@@ -254,7 +248,7 @@ class Engine:
             out_slots=self._slots(rows[owner], positions), rows=rows, kv_lens=kv_lens, extend_lens=extend_lens,
             seq_lens=kv_lens + extend_lens, last_index=ends - 1, max_extend=max(lens),
             max_seq_len=max(k + n for k, n in zip(batch.kv_lens, lens)), decode_rows=decodes,
-            decode_kv_tokens=sum(batch.kv_lens[:decodes]))
+            decode_kv_tokens=batch.decode_kv_tokens)
 
     # ---- forward --------------------------------------------------------------------------------
 
@@ -265,7 +259,7 @@ class Engine:
         if batch.is_decode and self._graph_fits(batch):
             return "graph", bucket_for(self.graphs.buckets, len(batch.reqs))
         tokens = sum(batch.extend_lens)
-        if self._whole_fits(tokens, len(batch.reqs) - leading_decodes(batch.extend_lens)):
+        if self._whole_fits(tokens, len(batch.reqs) - batch.decodes):
             return "whole", bucket_for(self.whole.buckets, tokens)
         return "eager", None
 

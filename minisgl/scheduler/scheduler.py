@@ -76,7 +76,8 @@ class Scheduler:
         self.cache_hit_tokens = 0  # prompt tokens served from the prefix cache, over first admissions
         self.prompt_tokens_admitted = 0
         self.shutdown = False
-        self.trace = StepTrace.from_env(tp.is_leader, engine.device)  # None unless MINISGL_STEP_TRACE is set
+        # None unless MINISGL_STEP_TRACE is set
+        self.trace = StepTrace.from_env(tp.is_leader, engine.device, engine.step_cost)
 
     # ---- messages -------------------------------------------------------------------------------
 
@@ -216,7 +217,7 @@ class Scheduler:
         launched = None
         if batch is not None:
             if self.trace is not None:
-                self.trace.launching(batch, self.engine.step_kind(batch), self.engine.step_cost)
+                self.trace.launching(batch, self.engine.step_kind(batch))
             forwarded = self.engine.forward(batch)
             if previous is not None and self._constrained(batch):
                 self._commit(previous)

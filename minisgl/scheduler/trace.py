@@ -49,9 +49,9 @@ class StepTrace:
     """The scheduler calls `launching` and `launched` around a batch's enqueue, `reading` and `read` around a step's
     result, `record` at the tick's end and (server) `sent` once the tick's outputs are sent."""
 
-    def __init__(self, path: str, cuda: bool):
+    def __init__(self, path: str, cuda: bool, cost: StepCost | None):
         self.file = open(path, "a", buffering=1)  # line by line: a server is stopped by a signal
-        self.cuda = cuda
+        self.cuda, self.cost = cuda, cost  # cost: the model each step's `model_ms` comes from (None: no model)
         self.steps = 0  # steps launched so far
         self.numbers: dict[int, list] = {}  # id(batch) -> [step number, start event, end event] (events: CUDA only)
         self.tick: dict = {}  # this tick's launch and read, so far
@@ -70,17 +70,14 @@ class StepTrace:
         self.tick["gc_gen"] = max(self.tick.get("gc_gen", -1), info["generation"])
 
     @classmethod
-    def from_env(cls, is_leader: bool, device: torch.device) -> StepTrace | None:
+    def from_env(cls, is_leader: bool, device: torch.device, cost: StepCost | None) -> StepTrace | None:
         path = os.environ.get(ENV)
-        return cls(path, device.type == "cuda") if path and is_leader else None
+        return cls(path, device.type == "cuda", cost) if path and is_leader else None
 
-    def launching(self, batch: Batch, kind: tuple[str, int | None], cost: StepCost | None) -> None:
+    def launching(self, batch: Batch, kind: tuple[str, int | None]) -> None:
         """Just before `batch` is enqueued: number it, and mark the stream (the step's device span starts here)."""
         self.numbers[id(batch)] = [self.steps, self._event(), None]
-        model_ms = None
-        if cost is not None:  # as Scheduler._prefill_room counts: the decodes read their cached tokens
-            cached = sum(kv for kv, n in zip(batch.kv_lens, batch.extend_lens) if n == 1)
-            model_ms = round(cost.ms(sum(batch.extend_lens), cached), 3)
+        model_ms = round(self.cost.ms(sum(batch.extend_lens), batch.decode_kv_tokens), 3) if self.cost else None
         self.tick.update(step=self.steps, kind=kind[0], bucket=kind[1], model_ms=model_ms, build_at=time.monotonic())
         self.steps += 1
 

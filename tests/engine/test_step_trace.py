@@ -8,7 +8,12 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from minisgl import LLM, SamplingParams
+from minisgl.core import Batch, Req
+from minisgl.engine.step_cost import StepCost
+from minisgl.scheduler.trace import StepTrace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from itl_trace import Trace, gaps_of, report  # noqa: E402
@@ -57,6 +62,21 @@ def test_trace_numbers_steps_and_reads_each_token_once(tiny_models, tmp_path, mo
     assert all("sent" not in t for t in ticks)  # offline: no detokenizer to send to
     got = Counter(rid for t in ticks for rid in t["got"] if rid >= 0)
     assert sorted(got.values()) == sorted(len(o.token_ids) for o in outs)
+
+
+def test_a_steps_model_ms_counts_the_cache_its_decodes_read(tmp_path):
+    """`model_ms` is the cost model at the step's tokens and the cached tokens of its leading decodes, as the
+    engine's attention metadata counts them: a prompt's one-token last chunk after them reads no decode's cache."""
+    cost = StepCost(tokens=(16, 64), linear_ms=(1.0, 4.0), kv_ms_per_token=0.01)
+    trace = StepTrace(str(tmp_path / "trace.jsonl"), cuda=False, cost=cost)
+    reqs = [Req(i, [3] * 8, SamplingParams(max_tokens=4), seed=0) for i in range(4)]
+    batch = Batch(reqs, kv_lens=[100, 200, 30, 500], extend_lens=[1, 1, 30, 1], sampled=[0, 1, 3])
+    trace.launching(batch, ("eager", None))
+    # 2.06 + 3.0 ms (rounded to the microsecond); with the 500 after the chunk it would be 10.06
+    assert trace.tick["model_ms"] == pytest.approx(cost.ms(33) + 300 * 0.01, abs=1e-3)
+    untimed = StepTrace(str(tmp_path / "untimed.jsonl"), cuda=False, cost=None)
+    untimed.launching(batch, ("eager", None))
+    assert untimed.tick["model_ms"] is None
 
 
 def traced_run(tiny_models, path) -> list:
