@@ -160,7 +160,10 @@ def long_context_model(tmp_path_factory) -> str:
 
 
 def test_full_waiting_queue_gets_503_with_retry_after(long_context_model):
-    srv = Server(long_context_model, "--max-queued-requests", "2", "--max-running-requests", "1")
+    # a pool for the long request's whole context: in the default 4,096 pages it ended ('length') after ~4,000
+    # tokens, and on a loaded machine before the two short requests were counted as waiting
+    srv = Server(long_context_model, "--max-queued-requests", "2", "--max-running-requests", "1",
+                 "--num-pages", "65536")
     short = {"model": "tiny", "prompt": "wait for it", "max_tokens": 3, "ignore_eos": True}
 
     def wait_for(key: str, value: int) -> None:
