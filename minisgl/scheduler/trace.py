@@ -117,7 +117,8 @@ class StepTrace:
         self.wrote = bool(added or batch or "read" in tick)
         if not self.wrote:  # an idle tick
             return
-        chunks = [[r.rid, n] for r, n in zip(batch.reqs, batch.extend_lens) if n > 1] if batch else []
+        decodes = batch.decodes if batch else 0  # the prefill chunks follow them, a one-token last chunk too
+        chunks = [[r.rid, n] for r, n in zip(batch.reqs[decodes:], batch.extend_lens[decodes:])] if batch else []
         allocator = self._allocator_counts()
         before, self.allocator = self.allocator or allocator, allocator
         since = {key: round(tick[at] - start, 6) if at in tick else None
@@ -128,7 +129,7 @@ class StepTrace:
             "added": [[r.rid, len(r.prompt_ids)] for r in added], "retracted": retracted,
             "step": tick.get("step"), "kind": tick.get("kind"), "bucket": tick.get("bucket"),
             "model_ms": tick.get("model_ms"),
-            "decodes": len(batch.reqs) - len(chunks) if batch else 0, "chunks": chunks,
+            "decodes": decodes, "chunks": chunks,
             "read": tick.get("read"), "device_ms": tick.get("device_ms"),
             "got": [r.rid for r in got], "first": [r.rid for r in got if len(r.output_ids) == 1],
             "gc_ms": round(tick.get("gc_ms", 0.0), 3), "gc_gen": tick.get("gc_gen", -1),

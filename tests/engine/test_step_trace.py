@@ -64,16 +64,21 @@ def test_trace_numbers_steps_and_reads_each_token_once(tiny_models, tmp_path, mo
     assert sorted(got.values()) == sorted(len(o.token_ids) for o in outs)
 
 
-def test_a_steps_model_ms_counts_the_cache_its_decodes_read(tmp_path):
-    """`model_ms` is the cost model at the step's tokens and the cached tokens of its leading decodes, as the
-    engine's attention metadata counts them: a prompt's one-token last chunk after them reads no decode's cache."""
+def test_a_steps_decodes_and_model_ms_are_its_leading_decodes(tmp_path):
+    """A step's `decodes` and `chunks` split it where the engine's attention metadata does: its leading one-token
+    requests are the decodes, and a prompt's one-token last chunk after them is a chunk. `model_ms` is the cost
+    model at the step's tokens and the cached tokens of those decodes: that last chunk reads no decode's cache."""
     cost = StepCost(tokens=(16, 64), linear_ms=(1.0, 4.0), kv_ms_per_token=0.01)
-    trace = StepTrace(str(tmp_path / "trace.jsonl"), cuda=False, cost=cost)
+    path = tmp_path / "trace.jsonl"
+    trace = StepTrace(str(path), cuda=False, cost=cost)
     reqs = [Req(i, [3] * 8, SamplingParams(max_tokens=4), seed=0) for i in range(4)]
     batch = Batch(reqs, kv_lens=[100, 200, 30, 500], extend_lens=[1, 1, 30, 1], sampled=[0, 1, 3])
     trace.launching(batch, ("eager", None))
     # 2.06 + 3.0 ms (rounded to the microsecond); with the 500 after the chunk it would be 10.06
     assert trace.tick["model_ms"] == pytest.approx(cost.ms(33) + 300 * 0.01, abs=1e-3)
+    trace.record(0.0, [], 0, batch, [])
+    line = json.loads(path.read_text())
+    assert line["decodes"] == 2 and line["chunks"] == [[2, 30], [3, 1]]
     untimed = StepTrace(str(tmp_path / "untimed.jsonl"), cuda=False, cost=None)
     untimed.launching(batch, ("eager", None))
     assert untimed.tick["model_ms"] is None
