@@ -119,7 +119,9 @@ def mixed_split_run(path: str, split_bytes: int) -> tuple[list[list[int]], list[
     """Three short requests decode while a long prompt is chunked in beside them, on the Triton backend whose
     mixed steps split their decode rows off from `split_bytes` of K/V a layer: the greedy tokens, and the number
     of decode rows each split step gave the decode kernel."""
-    llm = engine(path, attention_backend="triton", max_prefill_tokens=16, max_running_requests=8)
+    # no CUDA graphs: on a GPU the whole-step graphs would run the mixed steps without `prepare` (their attention
+    # is captured)
+    llm = engine(path, attention_backend="triton", max_prefill_tokens=16, max_running_requests=8, cuda_graph_max_bs=0)
     backend, split_rows = llm.engine.prefill_backend, []
     backend.mixed_split_kv_bytes, prepare = split_bytes, backend.prepare
 
