@@ -1,0 +1,147 @@
+"""The scheduler under online load in modelled time, on a CPU: what a scheduling change does to TTFT and ITL
+percentiles at 16-256 streams, in seconds and without a GPU.
+
+    python benchmarks/policy_sim.py --cost benchmarks/step_costs/qwen3-0.6b-h100.txt --levels 16,64,256 \
+        [--max-mixed-step-ratio 2] [--max-num-batched-tokens 8192] [--burst-split] [--prefill-error 1.3]
+
+Why: the tails depend on how a wave of prompts is cut into steps beside the running decodes, and a GPU A/B of
+one level costs minutes of a scarce machine while its runs vary by 10-20%. Here the real Scheduler decides
+every step, with the real page pool and sampler of an engine built on a tiny random model; only the device is
+a model. Its forward passes are left out (zero logits), and each step takes the time the GPU's start-up step
+cost model gives it (engine/step_cost.py): `--cost` is a file holding the "step cost model:" line a CUDA server
+logs at start-up (benchmarks/step_costs/ keeps some). The client is online.py's closed loop: N streams start
+together, each sends `--rounds` requests of 256-1024 random prompt tokens and 256 output tokens (ignore_eos),
+the next as soon as the previous ends.
+
+What the model leaves out, so compare policies with each other and confirm a winner on the GPU: the host's
+time (the API process, the detokenizer, building and enqueuing steps), overlap scheduling (off here: each step
+is read as it ends), and the model's own error: on an H100 decode steps took 1.03-1.06x the model, steps with
+prefill tokens 1.2-1.8x (`--prefill-error` scales the latter). Checked against an H100 (docs/benchmarks.md,
+2026-11-27 session 10): qwen3-0.6b at 64 streams, main's ITL p99 12.5 ms here against 11.6-13.4 measured, and a
+policy that measured 7.5-8.0 ms gave 5.9 here; its TTFTs come out 20-40% low (host time). The stored qwen3-8b
+model ends at 1,600 tokens and extrapolates, so its absolute figures are far off; use it for differences only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from online import percentile  # noqa: E402
+
+from minisgl import LLM, SamplingParams  # noqa: E402
+from minisgl.core import Batch, Req  # noqa: E402
+from minisgl.engine.engine import ForwardedStep  # noqa: E402
+from minisgl.engine.step_cost import StepCost  # noqa: E402
+from minisgl.messages import AddReq  # noqa: E402
+from minisgl.tools.tiny_model import make_tiny_model  # noqa: E402
+
+
+def read_cost(path: str) -> StepCost:
+    """The StepCost of a server log's "step cost model: (ms, ...) ms at (tokens, ...) tokens, X ms per 1,000
+    cached tokens decoded" line."""
+    found = re.search(r"step cost model: \(([^)]*)\) ms at \(([^)]*)\) tokens, ([0-9.e-]+) ms per 1,000",
+                      Path(path).read_text())
+    if found is None:
+        raise SystemExit(f"{path}: no 'step cost model:' line")
+    linear, tokens = ([float(x) for x in group.split(",")] for group in found.group(1, 2))
+    return StepCost(tuple(int(t) for t in tokens), tuple(linear), float(found.group(3)) / 1000)
+
+
+def simulate(llm: LLM, cost: StepCost, streams: int, a: argparse.Namespace) -> dict:
+    """One level: `streams` closed-loop streams from time 0; returns its row of figures (ms, modelled)."""
+    rng = random.Random(a.seed + streams)
+    low, high = a.prompt_len
+    vocab = llm.engine.config.vocab_size
+    todo = [[[rng.randrange(3, vocab) for _ in range(rng.randint(low, high))] for _ in range(a.rounds)]
+            for _ in range(streams)]
+    params = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
+    launched: list[Batch] = []
+    forward = llm.engine.forward
+
+    def modelled(batch: Batch) -> ForwardedStep:
+        """The step's time is modelled, so its forward pass is left out: every request ignores EOS, and which
+        tokens come (from zero logits) does not change the schedule."""
+        launched.append(batch)
+        return ForwardedStep(batch, torch.zeros(len(batch.reqs), vocab), [])
+
+    llm.engine.forward = modelled
+    stream_of, arrived, tokens_at = {}, {}, {}
+    messages, clock, rid = [], 0.0, 0
+
+    def send(stream: int) -> None:
+        nonlocal rid
+        rid += 1
+        stream_of[rid], arrived[rid], tokens_at[rid] = stream, clock, []
+        messages.append(AddReq(Req(rid, todo[stream].pop(0), params, seed=0)))
+
+    for stream in range(streams):
+        send(stream)
+    try:
+        while messages or llm.scheduler.has_work:
+            llm.scheduler.tick(messages)
+            messages = []
+            for batch in launched:
+                ms = cost.ms(sum(batch.extend_lens), batch.decode_kv_tokens)
+                clock += ms * (a.prefill_error if batch.decodes < len(batch.reqs) else 1.0)
+            launched.clear()
+            progressed, finished = llm.scheduler.take_outputs()
+            for req in progressed + finished:
+                tokens_at[req.rid].append(clock)
+            for req in finished:
+                if todo[stream_of[req.rid]]:
+                    send(stream_of[req.rid])
+    finally:
+        llm.engine.forward = forward
+    ttft = [times[0] - arrived[r] for r, times in tokens_at.items() if times]
+    itl = [b - a_ for times in tokens_at.values() for a_, b in zip(times, times[1:])]
+    total, itl_p50 = sum(len(times) for times in tokens_at.values()), percentile(itl, 50)
+    return {"streams": streams, "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
+            "itl_p50": itl_p50, "itl_p99": percentile(itl, 99),
+            "long_share": sum(g > 2 * itl_p50 for g in itl) / max(len(itl), 1), "tok_s": 1000 * total / clock}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cost", required=True, help="a file with a CUDA server's 'step cost model:' log line")
+    p.add_argument("--levels", default="16,64,256")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--prompt-len", default="256,1024", help="LOW,HIGH prompt tokens (uniform)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--max-mixed-step-ratio", type=float, default=2.0, help="the server's default")
+    p.add_argument("--burst-split", action="store_true")
+    p.add_argument("--prefill-error", type=float, default=1.3,
+                   help="a step with prefill tokens takes this multiple of the model's time (H100: 1.2-1.8)")
+    a = p.parse_args()
+    a.prompt_len = tuple(int(x) for x in a.prompt_len.split(","))
+    levels = [int(x) for x in a.levels.split(",")]
+    cost = read_cost(a.cost)
+    lines = ["| streams | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | gaps over 2x ITL p50 | output tok/s |",
+             "|---|---|---|---|---|"]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = make_tiny_model(Path(tmp) / "tiny", "qwen3")
+        for streams in levels:
+            pool = streams * (a.prompt_len[1] + a.max_tokens) + a.max_num_batched_tokens
+            with LLM(str(path), device="cpu", dtype="float32", num_pages=pool, max_running_requests=max(streams, 256),
+                     max_prefill_tokens=a.max_num_batched_tokens, overlap_schedule=False) as llm:
+                # the server's settings, which the offline LLM leaves off, and the GPU's model to size steps by
+                llm.scheduler.step_ratio, llm.scheduler.burst_split = a.max_mixed_step_ratio, a.burst_split
+                llm.engine.step_cost = cost
+                r = simulate(llm, cost, streams, a)
+            lines.append(f"| {streams} | {r['ttft_p50']:.1f} / {r['ttft_p99']:.1f} | {r['itl_p50']:.2f} / "
+                         f"{r['itl_p99']:.2f} | {100 * r['long_share']:.1f}% | {r['tok_s']:,.0f} |")
+            print(lines[-1], flush=True)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""benchmarks/policy_sim.py: the modelled clock is the sum of the modelled steps the real scheduler took, and the
+closed loop sends a stream's next request when its last one ends."""
+
+from __future__ import annotations
+
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+from minisgl import LLM
+from minisgl.engine.step_cost import StepCost
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+from policy_sim import read_cost, simulate  # noqa: E402
+
+
+@pytest.mark.parametrize("prefill_error", [1.0, 2.0])
+def test_a_stream_of_two_requests_on_a_one_ms_step(tiny_models, prefill_error):
+    """Every step costs 1 ms (a step with prompt tokens `prefill_error` ms). A 20-token prompt under an 8-token
+    budget takes three steps (8, 8, 4) to its first token, then three decodes; the second request arrives as the
+    first ends and goes the same way."""
+    llm = LLM(tiny_models["qwen3"], device="cpu", dtype="float32", num_pages=1024, max_prefill_tokens=8,
+              overlap_schedule=False)
+    cost = StepCost((1, 8192), (1.0, 1.0), 0.0)
+    llm.engine.step_cost = cost
+    try:
+        row = simulate(llm, cost, 1, Namespace(seed=0, prompt_len=(20, 20), rounds=2, max_tokens=4,
+                                               prefill_error=prefill_error))
+    finally:
+        llm.shutdown()
+    request_ms = 3 * prefill_error + 3
+    assert row["ttft_p50"] == row["ttft_p99"] == 3 * prefill_error
+    assert row["itl_p50"] == row["itl_p99"] == 1.0
+    assert row["tok_s"] == pytest.approx(1000 * 8 / (2 * request_ms))
+
+
+def test_the_stored_step_cost_models_read_back_whole():
+    """Each stored H100 model: as many token counts as times, the counts ascending, the times never falling (the
+    engine keeps them so), a cached token's cost positive."""
+    for path in sorted((BENCHMARKS / "step_costs").glob("*.txt")):
+        cost = read_cost(str(path))
+        assert len(cost.tokens) == len(cost.linear_ms) > 1, path
+        assert list(cost.tokens) == sorted(set(cost.tokens)), path
+        assert list(cost.linear_ms) == sorted(cost.linear_ms), path
+        assert 0 < cost.kv_ms_per_token < 1e-3, path
