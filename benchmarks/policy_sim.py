@@ -2,7 +2,7 @@
 percentiles at 16-256 streams, in seconds and without a GPU.
 
     python benchmarks/policy_sim.py --cost benchmarks/step_costs/qwen3-0.6b-h100.txt --levels 16,64,256 \
-        [--max-mixed-step-ratio 2] [--max-num-batched-tokens 8192] [--burst-split] [--prefill-error 1.3]
+        [--server-args "--max-mixed-step-ratio 3 --max-num-batched-tokens 4096"] [--prefill-error 1.3]
 
 Why: the tails depend on how a wave of prompts is cut into steps beside the running decodes, and a GPU A/B of
 one level costs minutes of a scarce machine while its runs vary by 10-20%. Here the real Scheduler decides
@@ -41,6 +41,7 @@ from minisgl.core import Batch, Req  # noqa: E402
 from minisgl.engine.engine import ForwardedStep  # noqa: E402
 from minisgl.engine.step_cost import StepCost  # noqa: E402
 from minisgl.messages import AddReq  # noqa: E402
+from minisgl.server.args import parse_args  # noqa: E402
 from minisgl.tools.tiny_model import make_tiny_model  # noqa: E402
 
 
@@ -56,7 +57,9 @@ def read_cost(path: str) -> StepCost:
 
 
 def simulate(llm: LLM, cost: StepCost, streams: int, a: argparse.Namespace) -> dict:
-    """One level: `streams` closed-loop streams from time 0; returns its row of figures (ms, modelled)."""
+    """One level: `streams` closed-loop streams from time 0, each step sized (by the scheduler) and timed by `cost`;
+    returns its row of figures (ms, modelled)."""
+    llm.engine.step_cost = cost
     rng = random.Random(a.seed + streams)
     low, high = a.prompt_len
     vocab = llm.engine.config.vocab_size
@@ -89,8 +92,7 @@ def simulate(llm: LLM, cost: StepCost, streams: int, a: argparse.Namespace) -> d
             llm.scheduler.tick(messages)
             messages = []
             for batch in launched:
-                ms = cost.ms(sum(batch.extend_lens), batch.decode_kv_tokens)
-                clock += ms * (a.prefill_error if batch.decodes < len(batch.reqs) else 1.0)
+                clock += cost.batch_ms(batch) * (a.prefill_error if batch.decodes < len(batch.reqs) else 1.0)
             launched.clear()
             progressed, finished = llm.scheduler.take_outputs()
             for req in progressed + finished:
@@ -116,9 +118,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--prompt-len", default="256,1024", help="LOW,HIGH prompt tokens (uniform)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--max-mixed-step-ratio", type=float, default=2.0, help="the server's default")
-    p.add_argument("--burst-split", action="store_true")
+    p.add_argument("--server-args", default="", help="the server's scheduling flags, e.g. '--max-mixed-step-ratio 3 "
+                   "--burst-split' (its defaults otherwise)")
     p.add_argument("--prefill-error", type=float, default=1.3,
                    help="a step with prefill tokens takes this multiple of the model's time (H100: 1.2-1.8)")
     a = p.parse_args()
@@ -129,13 +130,13 @@ def main() -> None:
              "|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
         path = make_tiny_model(Path(tmp) / "tiny", "qwen3")
+        server = parse_args(["--model", str(path), "--device", "cpu", *a.server_args.split()]).engine
         for streams in levels:
-            pool = streams * (a.prompt_len[1] + a.max_tokens) + a.max_num_batched_tokens
+            pool = streams * (a.prompt_len[1] + a.max_tokens) + server.max_prefill_tokens
             with LLM(str(path), device="cpu", dtype="float32", num_pages=pool, max_running_requests=max(streams, 256),
-                     max_prefill_tokens=a.max_num_batched_tokens, overlap_schedule=False) as llm:
-                # the server's settings, which the offline LLM leaves off, and the GPU's model to size steps by
-                llm.scheduler.step_ratio, llm.scheduler.burst_split = a.max_mixed_step_ratio, a.burst_split
-                llm.engine.step_cost = cost
+                     max_prefill_tokens=server.max_prefill_tokens, overlap_schedule=False) as llm:
+                # the server's settings that the offline LLM leaves off
+                llm.scheduler.step_ratio, llm.scheduler.burst_split = server.max_mixed_step_ratio, server.burst_split
                 r = simulate(llm, cost, streams, a)
             lines.append(f"| {streams} | {r['ttft_p50']:.1f} / {r['ttft_p99']:.1f} | {r['itl_p50']:.2f} / "
                          f"{r['itl_p99']:.2f} | {100 * r['long_share']:.1f}% | {r['tok_s']:,.0f} |")

@@ -25,6 +25,8 @@ from typing import Callable
 
 import torch
 
+from minisgl.core import Batch
+
 COPY_BYTES = 128 << 20  # the buffer timed for the copy bandwidth
 REPEATS = 3  # replays (copies) per timing, enqueued back to back so the device, not the host, sets the pace
 
@@ -38,6 +40,10 @@ class StepCost:
     def ms(self, tokens: int, kv_tokens: int = 0) -> float:
         """Estimated device time of a step of `tokens` tokens whose decodes read `kv_tokens` cached tokens."""
         return self._linear(tokens) + kv_tokens * self.kv_ms_per_token
+
+    def batch_ms(self, batch: Batch) -> float:
+        """Estimated device time of `batch`'s step: all its tokens, and the cached tokens its decodes read."""
+        return self.ms(sum(batch.extend_lens), batch.decode_kv_tokens)
 
     def _linear(self, tokens: int) -> float:
         xs, ys = self.tokens, self.linear_ms

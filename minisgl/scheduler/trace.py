@@ -77,7 +77,7 @@ class StepTrace:
     def launching(self, batch: Batch, kind: tuple[str, int | None]) -> None:
         """Just before `batch` is enqueued: number it, and mark the stream (the step's device span starts here)."""
         self.numbers[id(batch)] = [self.steps, self._event(), None]
-        model_ms = round(self.cost.ms(sum(batch.extend_lens), batch.decode_kv_tokens), 3) if self.cost else None
+        model_ms = round(self.cost.batch_ms(batch), 3) if self.cost else None
         self.tick.update(step=self.steps, kind=kind[0], bucket=kind[1], model_ms=model_ms, build_at=time.monotonic())
         self.steps += 1
 

@@ -24,11 +24,10 @@ def test_a_stream_of_two_requests_on_a_one_ms_step(tiny_models, prefill_error):
     first ends and goes the same way."""
     llm = LLM(tiny_models["qwen3"], device="cpu", dtype="float32", num_pages=1024, max_prefill_tokens=8,
               overlap_schedule=False)
-    cost = StepCost((1, 8192), (1.0, 1.0), 0.0)
-    llm.engine.step_cost = cost
+    one_ms = StepCost((1, 8192), (1.0, 1.0), 0.0)
     try:
-        row = simulate(llm, cost, 1, Namespace(seed=0, prompt_len=(20, 20), rounds=2, max_tokens=4,
-                                               prefill_error=prefill_error))
+        row = simulate(llm, one_ms, 1, Namespace(seed=0, prompt_len=(20, 20), rounds=2, max_tokens=4,
+                                                 prefill_error=prefill_error))
     finally:
         llm.shutdown()
     request_ms = 3 * prefill_error + 3
