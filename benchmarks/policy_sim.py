@@ -17,9 +17,12 @@ What the model leaves out, so compare policies with each other and confirm a win
 time (the API process, the detokenizer, building and enqueuing steps), overlap scheduling (off here: each step
 is read as it ends), and the model's own error: on an H100 decode steps took 1.03-1.06x the model, steps with
 prefill tokens 1.2-1.8x (`--prefill-error` scales the latter). Checked against an H100 (docs/benchmarks.md,
-2026-11-27 session 10): qwen3-0.6b at 64 streams, main's ITL p99 12.5 ms here against 11.6-13.4 measured, and a
-policy that measured 7.5-8.0 ms gave 5.9 here; its TTFTs come out 20-40% low (host time). The stored qwen3-8b
-model ends at 1,600 tokens and extrapolates, so its absolute figures are far off; use it for differences only.
+2026-11-27 sessions 10 and 11): qwen3-0.6b at 64 streams, the earlier policy's ITL p99 12.5 ms here against
+9.2-13.4 measured, and today's (stall credits, session 11) 5.9 here against 6.1-8.0; TTFTs come out 20-40% low
+(host time). It also mis-ranks: pausing the decodes for a whole burst modelled 3.6 ms and measured no better than
+the policy it replaced (the host's gaps, which it leaves out, then set the p99). The server's qwen3-8b line ends at
+1,600 tokens and extrapolates a steeper slope beyond; use qwen3-8b-h100-extended.txt, extended by the slope of
+served steps.
 """
 
 from __future__ import annotations

@@ -33,9 +33,9 @@ class EngineArgs:
     # fewer where the device is the bottleneck anyway); 0 turns them off, as does cuda_graph_max_bs 0. The name is
     # SGLang's flag's (--piecewise-cuda-graph-max-tokens), from when these graphs left attention out
     piecewise_graph_max_tokens: int = 8192
-    # a step that mixes prefill chunks into running decodes may cost at most this multiple of the decode step alone
-    # (by the start-up step cost model, engine/step_cost.py; see Scheduler._prefill_room); 0: the token budget alone.
-    # Off here (offline throughput); the server turns it on
+    # beside running decodes, prompts come in chunks, and a mixed step under a backlog costs at most this multiple of
+    # the decode step alone (by the start-up step cost model, engine/step_cost.py; see Scheduler._prefill_room); 0:
+    # the token budget alone. Off here (offline throughput); the server turns it on
     max_mixed_step_ratio: float = 0.0
     # beside fewer decodes than that ratio needs, cut a burst of prompts into the steps that minimise its mean TTFT
     # (by the same model; see Scheduler._burst_room): --burst-split, off by default

@@ -43,9 +43,11 @@ logger = logging.getLogger(__name__)
 WARM_UP_LENGTHS = (4, 24, 48, 96, 192, 384, 768, 1536)
 PREFILL_FLOOR = 64  # prefill tokens a step may always carry beside decodes (Scheduler._prefill_room)
 MIN_TIMED_DECODES = 32  # fewer decodes than this: the token budget alone bounds a step (Scheduler._prefill_room)
-BACKLOG_STEPS = 4  # more prompt tokens waiting than this many steps at K take in: a backlog (see _prefill_room)
-BACKLOG_RATIO = 2.0  # K is this much larger while there is one
-STALL_GAPS = 256  # a stream's tokens per stall in a cut step it earns (Scheduler._burst_room)
+CHUNK_TOKENS = 1024  # a prompt chunk beside decodes, unless they may stall or prompts pile up (_prefill_room)
+MAX_CHUNKED_DECODES = 160  # beside more decodes than this, chunks are bounded by time alone (_prefill_room)
+DRAIN_MS = 300.0  # prompts waiting longer than this to drain in chunks of CHUNK_TOKENS: a backlog (_prefill_room)
+DRAIN_LEFT = 4  # a backlog ends with at most this many chunks of prompt tokens left
+STALL_TOKENS = 100  # a stream earns one stall at admission and one per this many tokens (Scheduler._spend_stall)
 BURST_PROMPTS = 32  # a burst's step is planned for its first this many prompts (Scheduler._burst_room: O(n^2))
 
 
@@ -57,7 +59,7 @@ class Scheduler:
         self.max_running = args.max_running_requests
         self.step_ratio, self.min_timed_decodes = args.max_mixed_step_ratio, MIN_TIMED_DECODES
         self.burst_split = args.burst_split
-        self.stall_credit, self.stall_gaps = 0.0, STALL_GAPS  # stalls cut steps may still cause (_burst_room)
+        self.backlogged = False  # prompts pile up faster than chunks drain them (_backlogged)
         self.overlap = args.overlap_schedule
         self.eos_ids = set(engine.config.eos_token_ids)
         self.kv = KVCacheManager(engine.num_pages, args.page_size, make_prefix_cache(args.cache_type, args.page_size),
@@ -260,8 +262,9 @@ class Scheduler:
         of 8192 (vLLM's for its API server; offline benchmarks use 16384): measured on an H100 with the pieces,
         2048 and 4096 lowered the ITL p99 only at 256 streams (96 -> 61 / 79 ms on qwen3-0.6b) and raised its
         TTFT p99 1.5-2.1x and cut its throughput by 11-20% (docs/benchmarks.md, 2026-11-25). A fixed token budget
-        cannot serve both ends, since what a token costs depends on what else the step holds; `_prefill_room`
-        therefore also bounds the chunks by time."""
+        cannot serve both ends, since what a token costs depends on what else the step holds and a percentile
+        counts stalls; `_prefill_room` therefore sizes the chunks beside decodes by the stalls each stream has
+        left, and by time under a backlog."""
         reqs, lens = self._decodes()
         self._fill(reqs, lens, self._prefill_room(reqs))
         if not reqs:
@@ -279,31 +282,29 @@ class Scheduler:
 
     def _prefill_room(self, decodes: list[Req]) -> int:
         """Prefill tokens the next step may carry beside `decodes`: what is left of the token budget and, while at
-        least MIN_TIMED_DECODES requests decode (with --max-mixed-step-ratio K and a measured step cost model), no
-        more than keeps the step within K times the cost of those decodes alone, or BACKLOG_RATIO x K while more
-        prompt tokens wait than BACKLOG_STEPS such steps would take in.
+        least MIN_TIMED_DECODES requests decode (with --max-mixed-step-ratio K and a measured step cost model):
+        chunks of CHUNK_TOKENS, or the whole budget when every one of those decodes has a stall to spend
+        (`_spend_stall`); while prompts pile up (`_backlogged`) or more than MAX_CHUNKED_DECODES decode, no more
+        than keeps the step within K times the cost of the decodes alone. At least PREFILL_FLOOR tokens, so a
+        prompt always advances. With fewer decodes (none included) a burst of prompts may be cut instead, for its
+        mean TTFT (--burst-split; see `_burst_room`).
 
-        Why by time: a running stream's inter-token gap is its step's time, and what a prefill token adds to
-        that depends on what else the step holds. By the start-up model of qwen3-0.6b on an H100, a chunk
-        filling the 8,192-token budget makes a step of 64 decodes ~6x longer (3 -> 18 ms), but a step of 256
-        decodes whose attention reads ~230k cached tokens only ~2.3x (11 -> 26 ms): a cap in tokens is either
-        too tight for the one or too loose for the other (2,048 tokens cost 11-20% of the throughput at 256
-        streams and doubled TTFT p99 there, docs/benchmarks.md). Why not with few decodes: a prompt cut into
-        steps that each stay within K stalls the same few streams several times instead of once, and the
-        gap percentiles count stalls: at 16 streams the cap raised ITL p99 (qwen3-0.6b 6.1 / 6.7 ms at K = 3 /
-        2; qwen3-8b 27.7 ms, against 8.6 ms unchunked in an earlier session), while at 64 streams it lowered it.
-        At least PREFILL_FLOOR tokens, so a prompt always advances. With fewer decodes (none included) a burst of
-        prompts may be cut instead, for its mean TTFT (--burst-split; see `_burst_room`).
+        Why chunks, and stalls to spend: the inter-token percentiles count stalls, not their length. A closed loop
+        of 64 streams sends each round's ~40,000 prompt tokens within a few steps' time; cut by time alone (K x
+        the decode step) they made ~14 steps of 5-27 ms on qwen3-0.6b (H100), ~10 stalls per stream per round,
+        where a p99 allows ~2.5 (1% of 256 tokens). Chunks of 1,024 tokens keep a step near the decode step's
+        time (Sarathi-Serve's budgets for tight inter-token targets are 512-2,048), and a whole-budget step,
+        which stalls every stream once, is taken only when each of them has earned it: one stall at admission
+        and one per STALL_TOKENS tokens, so no stream stalls in more than ~1% of its gaps.
 
-        Why two ratios: one K cannot serve a trickle of prompts and a burst. A small K keeps the gaps short while
-        prompts come one or two at a time, but drains a burst slowly: its prompts wait (TTFT) and their decodes
-        join late (throughput). On an H200 (docs/benchmarks.md, 2026-11-26 session 2) a fixed K = 2 against 3
-        cut qwen3-0.6b's ITL p99 at 64 streams (7.4 / 9.7 ms) but at 256 streams raised qwen3-8b's TTFT p99
-        (6.3 / 5.2 s) and cut its throughput (7,650 / 7,985 tok/s). K = 2 raised to 4 under a backlog gave
-        8,176-8,181 tok/s and TTFT p99 4.6-4.9 s there, and qwen3-0.6b's TTFT / ITL p99 at 256 streams 630 /
-        28.2 ms (K = 3: 646 / 27.7). A larger ratio still (K times the budgets waiting: vLLM's operating point,
-        tried in the session before) lengthened the gaps to vLLM's (ITL p99 200 ms at 256 streams) for no gain
-        in TTFT p99. The backlog is counted in tokens, not waiting time, so that tensor-parallel ranks agree."""
+        Why not always: small chunks drain a pile of prompts slowly, so its requests wait (TTFT) and decode late
+        (throughput). When draining the waiting prompt tokens in chunks would take longer than DRAIN_MS (qwen3-8b's
+        ~40,000 tokens take ~1.5 s, qwen3-0.6b's ~0.2 s), or the decode step is long anyway (beyond
+        MAX_CHUNKED_DECODES), the step is bounded by time instead, as vLLM's budget is by tokens: K = 4 kept
+        qwen3-0.6b's TTFT / ITL p99 at 256 streams at 630 / 28 ms on an H200 (K = 2 against 3 raised qwen3-8b's
+        TTFT p99 there from 5.2 to 6.3 s), and the simulator (benchmarks/policy_sim.py) put the 256-stream cells
+        of chunks without that bound at twice the median TTFT. Everything here is counted in tokens or modelled
+        from the start-up cost model, which every tensor-parallel rank shares, so that the ranks agree."""
         room, cost = self.max_prefill_tokens - len(decodes), self.engine.step_cost
         if cost is None or room <= PREFILL_FLOOR:
             return room
@@ -311,34 +312,49 @@ class Scheduler:
             return self._burst_room(decodes, room) if self.burst_split else room
         if not self.step_ratio:
             return room
-        kv_tokens = sum(r.kv_len for r in decodes)
-        timed = cost.prefill_room(len(decodes), kv_tokens, self.step_ratio, room)
-        if self._prompt_backlog() > BACKLOG_STEPS * timed:
-            timed = cost.prefill_room(len(decodes), kv_tokens, BACKLOG_RATIO * self.step_ratio, room)
-        return max(PREFILL_FLOOR, timed)
+        kv_tokens, backlog = sum(r.kv_len for r in decodes), self._prompt_backlog()
+        if self._backlogged(backlog, len(decodes), kv_tokens) or len(decodes) > MAX_CHUNKED_DECODES:
+            return max(PREFILL_FLOOR, cost.prefill_room(len(decodes), kv_tokens, self.step_ratio, room))
+        if backlog > CHUNK_TOKENS and self._spend_stall(decodes):
+            return room
+        return min(room, CHUNK_TOKENS)
+
+    def _backlogged(self, backlog: int, decodes: int, kv_tokens: int) -> bool:
+        """Whether `backlog` prompt tokens would take longer than DRAIN_MS to drain in chunks of CHUNK_TOKENS beside
+        the decodes; once so, until no more than DRAIN_LEFT chunks are left (so that a burst still arriving does
+        not flip the step size from one step to the next)."""
+        drain_ms = backlog / CHUNK_TOKENS * self.engine.step_cost.ms(decodes + CHUNK_TOKENS, kv_tokens)
+        if drain_ms > DRAIN_MS:
+            self.backlogged = True
+        elif backlog <= DRAIN_LEFT * CHUNK_TOKENS:
+            self.backlogged = False
+        return self.backlogged
+
+    def _spend_stall(self, decodes: list[Req]) -> bool:
+        """If every one of `decodes` has a stall left (one at admission and one per STALL_TOKENS tokens since), spend
+        one each and say so: the step about to be built may stall them. A step without decodes stalls nobody."""
+        if any(r.stalls * STALL_TOKENS > len(r.output_ids) for r in decodes):
+            return False
+        for r in decodes:
+            r.stalls += 1
+        return True
 
     def _burst_room(self, decodes: list[Req], room: int) -> int:
         """`room`, or less to cut a burst of waiting prompts into steps of StepCost.burst_room, which minimise their
         mean time to first token (--burst-split). 16 closed-loop streams send their next prompts together, and as
         ~3 budget-sized steps most of them wait for the biggest. The price: streams already decoding stall in every
-        cut step. So stalls are earned: each decode adds 1/stall_gaps of a stall to a credit (at most one per request
-        present), a cut step spends one per decode it holds, and a step with no decodes stalls nobody. (A budget per
-        burst bounded nothing: prompts trickle in, and the backlog empties between them.) Still the cut steps, and
-        the whole-budget step after the credit is spent, hold more decodes than the uncut burst's steps did: on an
-        H100, qwen3-8b at 16 streams, TTFT p50 126-132 ms against 219-244, but ITL p99 21.5-23.6 ms against
-        10.9-12.9 (docs/benchmarks.md, 2026-11-26 session 6). Hence opt-in, for a burst's median first token over
-        the inter-token tail. Counted in requests and tokens, not time, so that tensor-parallel ranks agree."""
-        cap = len(self.running) + len(self.waiting)  # earned up to it, kept when requests finish
-        if self.stall_credit < cap:
-            self.stall_credit = min(cap, self.stall_credit + len(decodes) / self.stall_gaps)
+        cut step, so a step is cut only when each of its decodes has a stall to spend (`_spend_stall`). Still the
+        cut steps, and the whole-budget step after the stalls are spent, hold more decodes than the uncut burst's
+        steps did: on an H100, qwen3-8b at 16 streams, TTFT p50 126-132 ms against 219-244, but ITL p99 21.5-23.6 ms
+        against 10.9-12.9 (docs/benchmarks.md, 2026-11-26 session 6, when a stall was earned per 256 tokens). Hence
+        opt-in, for a burst's median first token over the inter-token tail."""
         queue = self._prompt_queue()
-        if not queue or self.stall_credit < len(decodes):
+        if not queue:
             return room
         kv_tokens = sum(r.kv_len for r in decodes)
         cut = max(PREFILL_FLOOR, self.engine.step_cost.burst_room(queue[:BURST_PROMPTS], len(decodes), kv_tokens, room))
-        if cut >= min(sum(queue), room):
+        if cut >= min(sum(queue), room) or not self._spend_stall(decodes):
             return room
-        self.stall_credit -= len(decodes)
         return cut
 
     def _prompt_backlog(self) -> int:

@@ -149,17 +149,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="--piecewise-cuda-graph-max-tokens 0")
     accepted(engine, "--enable-piecewise-cuda-graph", by="SGLang's",
              does="CUDA graphs for steps with prefill tokens are on unless --disable-piecewise-cuda-graph")
-    engine.add_argument("--max-mixed-step-ratio", type=float, default=2.0,
-                        help="a step that mixes prefill chunks into 32 or more running decodes may cost at most "
-                             "this multiple of the decode step alone, by a model of the device's step time measured "
-                             "at start-up (CUDA, with those graphs): it bounds the inter-token gap a prompt "
-                             "arriving under load causes, and twice it while more prompt tokens wait than four such "
-                             "steps take in; 0: only the token budget bounds the chunks (default: 2)")
+    engine.add_argument("--max-mixed-step-ratio", type=float, default=4.0,
+                        help="beside 32 or more running decodes, prompts come in chunks of 1,024 tokens (the whole "
+                             "budget when every decoding stream has a stall left: one at admission, one per 100 "
+                             "tokens); while the waiting prompts would take over 300 ms to drain that way, or beside "
+                             "more than 160 decodes, a mixed step instead costs at most this multiple of the decode "
+                             "step alone, by a model of the device's step time measured at start-up (CUDA); 0: only "
+                             "the token budget bounds the chunks (default: 4)")
     engine.add_argument("--burst-split", action="store_true",
                         help="with fewer running decodes than --max-mixed-step-ratio needs, cut prompts that arrive "
-                             "together into the steps that get them their first tokens soonest on average (by the step "
-                             "cost model), as far as the decodes have earned the stalls (one per 256 tokens each); "
-                             "trades the inter-token tail for a burst's median TTFT (off by default)")
+                             "together into the steps that get them their first tokens soonest on average (by the "
+                             "step cost model), as far as the decodes have stalls left (one at admission, one per 100 "
+                             "tokens); trades the inter-token tail for a burst's median TTFT (off by default)")
     engine.add_argument("--disable-overlap-schedule", "--no-async-scheduling", action="store_true",
                         help="run each step to completion before scheduling the next (overlap is on by default; "
                              "vLLM calls it async scheduling)")

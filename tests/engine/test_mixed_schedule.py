@@ -5,8 +5,8 @@ Each step's batch is read where the scheduler hands it to the (real) engine. The
 prompt is chunked in, no step leaves a decode out and none exceeds the budget; admission is FIFO and
 starves nobody; with chunks mixed into decodes, retraction and overlap give the greedy tokens of a plain
 run (each request alone, one big prefill, no overlap). With a step cost model (--max-mixed-step-ratio), a
-step that carries decodes carries no more prefill than keeps it within the ratio of their cost, and a prompt
-still advances every step and keeps its place in line.
+prompt comes in chunks beside decodes once they have spent their stall, a backlog or many decodes bound the
+step by the ratio of their cost instead, and a prompt still advances every step and keeps its place in line.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from minisgl.attention.triton_backend import MixedMeta
 from minisgl.core import Batch, Req
 from minisgl.engine.step_cost import StepCost
 from minisgl.messages import AddReq
-from minisgl.scheduler.scheduler import BACKLOG_RATIO, BACKLOG_STEPS, PREFILL_FLOOR
+from minisgl.scheduler import scheduler as policy
+from minisgl.scheduler.scheduler import PREFILL_FLOOR
 
 DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
 VOCAB = 400
@@ -253,33 +254,79 @@ def split(b: Batch) -> tuple[int, int, int]:
     return len(decodes), sum(decodes), sum(b.extend_lens) - len(decodes)
 
 
-@pytest.mark.parametrize("overlap", [True, False])
-def test_a_long_prompt_beside_decodes_comes_in_chunks_within_the_cost_ratio(tiny_models, overlap):
-    """Each mixed step's modelled cost stays within the ratio of its decodes' own, BACKLOG_RATIO times it while
-    more of the prompt is left than BACKLOG_STEPS chunks at the ratio take (or the chunk is the floor); every
-    chunk but the last takes all that room, both ratios come up, and the tokens are those of a plain run."""
-    path = tiny_models["qwen3"]
-    llm = timed(engine(path, max_prefill_tokens=1024, max_running_requests=8, overlap_schedule=overlap), 1.5)
+def chunk_steps(batches: list[Batch], req: Req) -> list[tuple[int, int, int]]:
+    """split() of each batch that carries a chunk of `req`'s prompt."""
+    return [split(b) for b in batches if req in b.reqs and b.extend_lens[b.reqs.index(req)] > 1]
+
+
+def beside_three_decodes(path: str, arrivals: dict[int, list[Req]], tokens: int = 30,
+                         **kwargs) -> tuple[list[Batch], list[Req]]:
+    """Three short requests decode `tokens` tokens each while `arrivals` (tick -> requests) come, on a timed engine
+    (ratio 1.5, budget 1024): the batches launched, and the three."""
+    llm = timed(engine(path, max_prefill_tokens=1024, max_running_requests=8, **kwargs), 1.5)
     try:
         batches = record_batches(llm)
-        short = [Req(i, p, greedy(30), seed=0) for i, p in enumerate(prompts([5, 7, 6]))]
-        long = Req(9, prompts([900], seed=1)[0], greedy(4), seed=0)
-        drive(llm, short, arrivals={3: [long]})
+        short = [Req(i, p, greedy(tokens), seed=0) for i, p in enumerate(prompts([5, 7, 6]))]
+        drive(llm, short, arrivals=arrivals)
     finally:
         llm.shutdown()
-    chunks = [(b, *split(b)) for b in batches if long in b.reqs and b.extend_lens[b.reqs.index(long)] > 1]
-    assert len(chunks) >= 3  # 900 tokens: ~500 a step beside three decodes under the backlog, then ~190
-    left, ratios = 900, []
-    for b, decodes, kv, prefill in chunks:
-        assert decodes == 3  # every short request decodes in the very step the chunk runs in
-        backlog = left > BACKLOG_STEPS * COST.prefill_room(decodes, kv, 1.5, 1024 - decodes)
-        ratio = 1.5 * BACKLOG_RATIO if backlog else 1.5
-        room = max(PREFILL_FLOOR, COST.prefill_room(decodes, kv, ratio, 1024 - decodes))
-        assert COST.ms(decodes + prefill, kv) <= ratio * COST.ms(decodes, kv) or prefill == PREFILL_FLOOR
-        assert prefill == room or b is chunks[-1][0]
-        left, ratios = left - prefill, ratios + [ratio]
-    assert ratios[0] == 1.5 * BACKLOG_RATIO and ratios[-1] == 1.5
+    return batches, short
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_prompt_beside_decodes_takes_the_whole_budget_once_then_comes_in_chunks(tiny_models, overlap, monkeypatch):
+    """Three streams decode, each with one stall to spend (and no more earned: STALL_TOKENS is large): the first
+    prompt to come takes the whole budget beside them in one step, spending it; the next comes in chunks of
+    CHUNK_TOKENS beside all four decodes; the tokens are those of a plain run."""
+    monkeypatch.setattr(policy, "CHUNK_TOKENS", 128)
+    monkeypatch.setattr(policy, "STALL_TOKENS", 1000)
+    path = tiny_models["qwen3"]
+    first, second = (Req(8 + i, p, greedy(20), seed=0) for i, p in enumerate(prompts([700, 500], seed=1)))
+    batches, short = beside_three_decodes(path, {3: [first], 8: [second]}, overlap_schedule=overlap)
+    assert [prefill for decodes, _, prefill in chunk_steps(batches, first)] == [700]  # all in one, beside 3 decodes
+    chunks = chunk_steps(batches, second)
+    assert [prefill for _, _, prefill in chunks] == [128, 128, 128, 116]
+    assert all(decodes == 4 for decodes, _, _ in chunks)  # every stream decodes in each chunk's step
+    assert [r.stalls for r in short] == [1, 1, 1] and first.stalls == 0
+    assert [r.output_ids for r in [*short, first, second]] == alone(path, [*short, first, second])
+
+
+def test_a_backlog_is_drained_within_the_cost_ratio_then_in_chunks(tiny_models, monkeypatch):
+    """A prompt that would take longer than DRAIN_MS to drain in chunks is a backlog: its steps stay within the
+    ratio of the decodes' cost and take all of that room, until no more than DRAIN_LEFT chunks are left; then
+    it comes in chunks (the decodes' stall spent on the first prompt)."""
+    monkeypatch.setattr(policy, "CHUNK_TOKENS", 64)
+    monkeypatch.setattr(policy, "STALL_TOKENS", 1000)
+    monkeypatch.setattr(policy, "DRAIN_MS", 12.0)
+    path = tiny_models["qwen3"]
+    spend, long = (Req(8 + i, p, greedy(4), seed=0) for i, p in enumerate(prompts([100, 900], seed=1)))
+    batches, short = beside_three_decodes(path, {3: [spend], 6: [long]}, tokens=40)
+    left, timed_steps, chunked = 900, 0, []
+    for decodes, kv, prefill in chunk_steps(batches, long):
+        drain_ms = left / 64 * COST.ms(decodes + 64, kv)
+        if drain_ms > 12.0 or (timed_steps and not chunked and left > 4 * 64):  # entered, and not left yet
+            assert prefill == min(left, max(PREFILL_FLOOR, COST.prefill_room(decodes, kv, 1.5, 1024 - decodes)))
+            timed_steps += 1
+        else:
+            chunked.append(prefill)
+        left -= prefill
+    assert timed_steps >= 3 and len(chunked) >= 2 and all(n == 64 for n in chunked[:-1]) and chunked[-1] <= 64
     assert [r.output_ids for r in [*short, long]] == alone(path, [*short, long])
+
+
+def test_beside_more_decodes_than_chunks_serve_steps_stay_within_the_cost_ratio(tiny_models, monkeypatch):
+    """More decodes than MAX_CHUNKED_DECODES: no chunks and no stalls, each step takes all the room the ratio
+    leaves."""
+    monkeypatch.setattr(policy, "MAX_CHUNKED_DECODES", 2)
+    long = Req(9, prompts([900], seed=1)[0], greedy(4), seed=0)
+    batches, short = beside_three_decodes(tiny_models["qwen3"], {3: [long]})
+    chunks, left = chunk_steps(batches, long), 900
+    assert len(chunks) >= 3
+    for decodes, kv, prefill in chunks:
+        assert decodes == 3
+        assert prefill == min(left, max(PREFILL_FLOOR, COST.prefill_room(decodes, kv, 1.5, 1024 - decodes)))
+        left -= prefill
+    assert [r.stalls for r in short] == [0, 0, 0]
 
 
 def test_without_decodes_the_token_budget_alone_bounds_a_step(tiny_models):
@@ -305,9 +352,11 @@ def test_beside_fewer_decodes_than_the_minimum_a_prompt_is_not_cut_by_time(tiny_
     assert chunks == [(3, chunks[0][1], 900)]  # one step: every token beside the three decodes
 
 
-def test_under_the_cost_ratio_admission_stays_fifo_and_every_decode_runs_each_step(tiny_models):
+def test_under_the_cost_ratio_admission_stays_fifo_and_every_decode_runs_each_step(tiny_models, monkeypatch):
     """Prompts of every length arriving while others decode, more than may run at once: first tokens come in
-    arrival order, no running request misses a step (record_batches checks), each within its ratio or floor."""
+    arrival order, no running request misses a step (record_batches checks), each within its ratio or floor
+    (no chunks: MAX_CHUNKED_DECODES 0)."""
+    monkeypatch.setattr(policy, "MAX_CHUNKED_DECODES", 0)
     llm = timed(engine(tiny_models["qwen2"], max_prefill_tokens=600, max_running_requests=3), 1.3)
     lengths = [400, 30, 300, 20, 500, 10, 90]
     reqs = [Req(i, p, greedy(6 + i % 3), seed=0) for i, p in enumerate(prompts(lengths, seed=4))]
@@ -320,6 +369,5 @@ def test_under_the_cost_ratio_admission_stays_fifo_and_every_decode_runs_each_st
     assert sorted(first_token_at, key=lambda rid: (first_token_at[rid], rid)) == [r.rid for r in reqs]
     for decodes, kv, prefill in map(split, batches):
         if decodes and prefill:
-            # the ratio, or under a backlog BACKLOG_RATIO times it (the test above tells the two apart)
-            assert COST.ms(decodes + prefill, kv) <= BACKLOG_RATIO * 1.3 * COST.ms(decodes, kv) + 1e-9 \
+            assert COST.ms(decodes + prefill, kv) <= 1.3 * COST.ms(decodes, kv) + 1e-9 \
                 or prefill <= PREFILL_FLOOR
