@@ -20,9 +20,8 @@ prefill tokens 1.2-1.8x (`--prefill-error` scales the latter). Checked against a
 2026-11-27 sessions 10 and 11): qwen3-0.6b at 64 streams, the earlier policy's ITL p99 12.5 ms here against
 9.2-13.4 measured, and today's (stall credits, session 11) 5.9 here against 6.1-8.0; TTFTs come out 20-40% low
 (host time). It also mis-ranks: pausing the decodes for a whole burst modelled 3.6 ms and measured no better than
-the policy it replaced (the host's gaps, which it leaves out, then set the p99). The server's qwen3-8b line ends at
-1,600 tokens and extrapolates a steeper slope beyond; use qwen3-8b-h100-extended.txt, extended by the slope of
-served steps.
+the policy it replaced (the host's gaps, which it leaves out, then set the p99). The model is also the clock here,
+so compare policies on one model file, never figures across files.
 """
 
 from __future__ import annotations

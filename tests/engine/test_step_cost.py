@@ -22,6 +22,14 @@ def test_cost_is_flat_below_the_first_bucket_interpolated_between_and_extrapolat
     assert COST.ms(tokens) == pytest.approx(ms)
 
 
+def test_past_the_last_bucket_the_cost_follows_the_upper_half_of_the_buckets():
+    """A noisy top pair (10 -> 14 ms over the last 100 tokens) must not set the slope: from 1,000 tokens on it is
+    the one from the first bucket at half the last's tokens, (14 - 6) / (1,000 - 500) ms a token."""
+    noisy = StepCost(tokens=(100, 500, 900, 1000), linear_ms=(2.0, 6.0, 10.0, 14.0), kv_ms_per_token=0.0)
+    assert noisy.ms(2000) == pytest.approx(14.0 + 1000 * 8.0 / 500)
+    assert noisy.ms(950) == pytest.approx(12.0)  # inside, the neighbours as before
+
+
 def test_decode_attention_adds_its_cached_tokens():
     assert COST.ms(64, kv_tokens=2000) == pytest.approx(1.0 + 2.0)
 
