@@ -169,7 +169,8 @@ class Engine:
         try:
             return WholeGraphs(self.model, self.prefill_backend, self.pool.scratch_page * self.page_size,
                                self.pad_row, max_tokens, self.args.max_running_requests,
-                               self.model.model.layers[0].self_attn.heads, self.device, self._any_rank)
+                               self.model.model.layers[0].self_attn.heads, self.config.vocab_size, self.device,
+                               self._any_rank)
         except RuntimeError as e:
             logger.warning("CUDA graphs for steps with prefill tokens are OFF for this model, those steps run "
                            "eagerly (slower to enqueue): its forward could not be captured: %s", e)

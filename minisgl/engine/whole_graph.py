@@ -78,6 +78,14 @@ def token_buckets(max_tokens: int) -> list[int]:
     return sorted(sizes | {max_tokens})
 
 
+def timing_ids(count: int, vocab_size: int) -> torch.Tensor:
+    """`count` token ids for the runs that time the buckets (and for the rows a step pads with), on the CPU: varied,
+    so that a MoE router spreads them over the experts as it does a served step's tokens. All zeros, every token
+    went to the same top-k experts: qwen3-30b-a3b's 16-token step timed 4.6 ms on an H100 where its served decode
+    steps at 16 streams read ~10x those experts' weights. The same ids on every tensor-parallel rank."""
+    return torch.randint(vocab_size, (count,), generator=torch.Generator().manual_seed(0))
+
+
 def bucket_for(buckets: list[int], tokens: int) -> int | None:
     """The smallest bucket holding `tokens`, or None when the step is larger than every bucket."""
     return next((b for b in buckets if b >= tokens), None)
@@ -87,18 +95,20 @@ class WholeGraphs:
     """One CUDA graph of `forward`, attention included, for each bucket of token counts; `run` replays one."""
 
     def __init__(self, forward: Forward, backend: TritonBackend, scratch_slot: int, pad_row: int, max_tokens: int,
-                 max_decodes: int, heads: int, device: torch.device, any_rank: Callable[[bool], bool] = bool):
+                 max_decodes: int, heads: int, vocab_size: int, device: torch.device,
+                 any_rank: Callable[[bool], bool] = bool):
         """`backend` attends over its pool, which gets the k/v (stored by the captured rope); `scratch_slot` is a
         pool slot nobody reads, where padding rows store theirs, and `pad_row` a page-table row of scratch pages;
-        `max_decodes`: the most decode rows a step holds (max running requests); `any_rank(flag)`: whether any
-        tensor-parallel rank says so (every rank must keep the same buckets)."""
+        `max_decodes`: the most decode rows a step holds (max running requests); `vocab_size`: the model's, for
+        the timing runs' ids (`timing_ids`); `any_rank(flag)`: whether any tensor-parallel rank says so (every
+        rank must keep the same buckets)."""
         self.buckets = token_buckets(max_tokens)
         self.max_tokens, self.pool, self.scratch_slot = self.buckets[-1], backend.pool, scratch_slot
         self.backend, self.max_decodes = backend, max_decodes
         self.static = StaticStepMeta(backend, heads, min(max_decodes, self.max_tokens),
                                      min(MAX_CHUNKS, self.max_tokens), pad_row)
         head_dim = self.pool.k.shape[-1]
-        self.ids = torch.zeros(self.max_tokens, dtype=torch.int64, device=device)
+        self.ids = timing_ids(self.max_tokens, vocab_size).to(device)
         self.positions = torch.zeros(self.max_tokens, dtype=torch.int64, device=device)
         self.slots = torch.full((self.max_tokens,), scratch_slot, dtype=torch.int64, device=device)
         # Attention's output, shared by every layer and bucket: rows no program writes (padding) keep finite values.

@@ -7,13 +7,15 @@ import copy
 
 import pytest
 import torch
+from helpers import make_llm
 from kernels.test_triton_attention import LAYER, Case
 
 from minisgl.attention import make_backend
 from minisgl.attention.torch_backend import TorchBackend
 from minisgl.attention.triton_backend import TritonBackend
 from minisgl.engine.config import EngineArgs
-from minisgl.engine.whole_graph import bucket_for, token_buckets
+from minisgl.engine.whole_graph import bucket_for, timing_ids, token_buckets
+from minisgl.layers.moe import route
 from minisgl.server.args import parse_args
 
 
@@ -25,6 +27,25 @@ def test_buckets_double_up_to_256_then_step_by_64_up_to_2048_then_by_256():
     assert token_buckets(100) == [16, 32, 64, 100]
     assert token_buckets(8) == [8]
     assert token_buckets(0) == []
+
+
+def test_the_timing_runs_tokens_spread_over_the_experts_as_a_served_steps_do(tiny_models):
+    """The step cost model times each bucket on `timing_ids`; all-equal ids would route every token of a MoE model
+    to the same top-k experts, and time a fraction of the expert weights a served step reads."""
+    with make_llm(tiny_models["qwen3_moe"]) as llm:
+        model, vocab = llm.engine.model.model, llm.engine.config.vocab_size
+        layer = next(layer for layer in model.layers if hasattr(layer.mlp, "gate"))
+        moe, experts = layer.mlp, layer.mlp.w13.shape[0]
+
+        def experts_used(ids: torch.Tensor) -> int:
+            with torch.no_grad():
+                hidden = layer.post_attention_layernorm(model.embed_tokens(ids.to(llm.engine.device)))
+                return route(moe.gate(hidden), moe.top_k, moe.renormalize)[1].unique().numel()
+
+        ids = timing_ids(256, vocab)
+        assert ids.min() >= 0 and ids.max() < vocab and torch.equal(ids, timing_ids(256, vocab))  # every rank alike
+        assert experts_used(torch.zeros(256, dtype=torch.int64)) == moe.top_k
+        assert experts_used(ids) == experts > moe.top_k
 
 
 @pytest.mark.parametrize("cap", [100, 1000, 2048, 9000])
