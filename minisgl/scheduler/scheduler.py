@@ -57,7 +57,7 @@ class Scheduler:
         self.engine, self.tp = engine, tp
         self.max_prefill_tokens = args.max_prefill_tokens
         self.max_running = args.max_running_requests
-        self.step_ratio, self.min_timed_decodes = args.max_mixed_step_ratio, MIN_TIMED_DECODES
+        self.step_ratio = args.max_mixed_step_ratio
         self.burst_split = args.burst_split
         self.backlogged = False  # prompts pile up faster than chunks drain them (_backlogged)
         self.overlap = args.overlap_schedule
@@ -308,7 +308,7 @@ class Scheduler:
         room, cost = self.max_prefill_tokens - len(decodes), self.engine.step_cost
         if cost is None or room <= PREFILL_FLOOR:
             return room
-        if len(decodes) < self.min_timed_decodes:
+        if len(decodes) < MIN_TIMED_DECODES:
             return self._burst_room(decodes, room) if self.burst_split else room
         if not self.step_ratio:
             return room

@@ -241,10 +241,16 @@ def test_first_tokens_are_read_before_a_prefill_launch_only_when_they_outnumber_
 COST = StepCost(tokens=(16, 64, 256, 512), linear_ms=(1.0, 1.0, 2.0, 3.0), kv_ms_per_token=0.001)
 
 
-def timed(llm: LLM, ratio: float, min_decodes: int = 1) -> LLM:
-    """The engine with COST as its step cost model and the scheduler keeping `ratio` from `min_decodes` decodes on
-    (the server's MIN_TIMED_DECODES would need dozens of requests running on the CPU)."""
-    llm.engine.step_cost, llm.scheduler.step_ratio, llm.scheduler.min_timed_decodes = COST, ratio, min_decodes
+@pytest.fixture(autouse=True)
+def one_timed_decode(monkeypatch):
+    """The scheduler keeps its cost ratio from one decode on here (the server's MIN_TIMED_DECODES would need dozens
+    of requests running on the CPU); a test may set its own minimum after this."""
+    monkeypatch.setattr(policy, "MIN_TIMED_DECODES", 1)
+
+
+def timed(llm: LLM, ratio: float) -> LLM:
+    """The engine with COST as its step cost model and the scheduler keeping `ratio`."""
+    llm.engine.step_cost, llm.scheduler.step_ratio = COST, ratio
     return llm
 
 
@@ -339,9 +345,10 @@ def test_without_decodes_the_token_budget_alone_bounds_a_step(tiny_models):
     assert [sum(b.extend_lens) for b in batches[:2]] == [512, 188]
 
 
-def test_beside_fewer_decodes_than_the_minimum_a_prompt_is_not_cut_by_time(tiny_models):
+def test_beside_fewer_decodes_than_the_minimum_a_prompt_is_not_cut_by_time(tiny_models, monkeypatch):
     """Three decodes, a minimum of four: the long prompt takes what the budget leaves, as without a model."""
-    llm = timed(engine(tiny_models["qwen3"], max_prefill_tokens=1024, max_running_requests=8), 1.5, min_decodes=4)
+    monkeypatch.setattr(policy, "MIN_TIMED_DECODES", 4)
+    llm = timed(engine(tiny_models["qwen3"], max_prefill_tokens=1024, max_running_requests=8), 1.5)
     try:
         batches = record_batches(llm)
         long = Req(9, prompts([900], seed=1)[0], greedy(2), seed=0)
