@@ -11,17 +11,22 @@ a model. Its forward passes are left out (zero logits), and each step takes the 
 cost model gives it (engine/step_cost.py): `--cost` is a file holding the "step cost model:" line a CUDA server
 logs at start-up (benchmarks/step_costs/ keeps some). The client is online.py's closed loop: N streams start
 together, each sends `--rounds` requests of 256-1024 random prompt tokens and 256 output tokens (ignore_eos),
-the next as soon as the previous ends.
+the next as soon as the previous ends; the API process admits them one at a time (`--admit-ms` each), so a round
+that starts together reaches the scheduler over several ticks, as on a server.
 
-What the model leaves out, so compare policies with each other and confirm a winner on the GPU: the host's
-time (the API process, the detokenizer, building and enqueuing steps), overlap scheduling (off here: each step
+What the model leaves out, so compare policies with each other and confirm a winner on the GPU: the rest of the
+host's time (the detokenizer, streaming out, building and enqueuing steps), overlap scheduling (off here: each step
 is read as it ends), and the model's own error: on an H100 decode steps took 1.03-1.06x the model, steps with
 prefill tokens 1.2-1.8x (`--prefill-error` scales the latter). Checked against an H100 (docs/benchmarks.md,
 2026-11-27 sessions 10 and 11): qwen3-0.6b at 64 streams, the earlier policy's ITL p99 12.5 ms here against
-9.2-13.4 measured, and today's (stall credits, session 11) 5.9 here against 6.1-8.0; TTFTs come out 20-40% low
-(host time). It also mis-ranks: pausing the decodes for a whole burst modelled 3.6 ms and measured no better than
-the policy it replaced (the host's gaps, which it leaves out, then set the p99). The model is also the clock here,
-so compare policies on one model file, never figures across files.
+9.2-13.4 measured, and today's (stall credits, session 11) 5.9 here against 6.1-8.0; TTFTs came out 20-40% low
+until the API's admissions were modelled (session 12, 64 streams, TTFT p50 here against served: qwen3-0.6b 64 / 74-81
+ms, qwen3-8b 514 / 476-511, qwen3-30b-a3b 328 / 308-311). It also mis-ranks: pausing the decodes for a whole
+burst modelled 3.6 ms and measured no better than the policy it replaced (the host's gaps, which it leaves out,
+then set the p99); and sending each round at once (before `--admit-ms`), it modelled cutting an idle server's burst
+in two as qwen3-8b's 16-stream TTFT p50 235 -> 172 ms, where the H100 measured no gain (session 12): admitted one
+at a time, the burst never waits whole, and the model now agrees. The model is also the clock here, so compare
+policies on one model file, never figures across files.
 """
 
 from __future__ import annotations
@@ -79,20 +84,26 @@ def simulate(llm: LLM, cost: StepCost, streams: int, a: argparse.Namespace) -> d
 
     llm.engine.forward = modelled
     stream_of, arrived, tokens_at = {}, {}, {}
-    messages, clock, rid = [], 0.0, 0
+    clock, rid, admitted = 0.0, 0, 0.0
+    pending: list[tuple[float, AddReq]] = []  # (when it reaches the scheduler, the message), in that order
 
     def send(stream: int) -> None:
-        nonlocal rid
+        """The API process admits one request at a time, `admit_ms` each, then the scheduler's next tick sees it."""
+        nonlocal rid, admitted
         rid += 1
+        admitted = max(admitted, clock) + a.admit_ms
         stream_of[rid], arrived[rid], tokens_at[rid] = stream, clock, []
-        messages.append(AddReq(Req(rid, todo[stream].pop(0), params, seed=0)))
+        pending.append((admitted, AddReq(Req(rid, todo[stream].pop(0), params, seed=0))))
 
     for stream in range(streams):
         send(stream)
     try:
-        while messages or llm.scheduler.has_work:
-            llm.scheduler.tick(messages)
-            messages = []
+        while pending or llm.scheduler.has_work:
+            if not llm.scheduler.has_work and pending[0][0] > clock:  # idle until the next request reaches it
+                clock = pending[0][0]
+            due = sum(t <= clock for t, _ in pending)
+            llm.scheduler.tick([message for _, message in pending[:due]])
+            del pending[:due]
             for batch in launched:
                 clock += cost.batch_ms(batch) * (a.prefill_error if batch.decodes < len(batch.reqs) else 1.0)
             launched.clear()
@@ -124,6 +135,9 @@ def main() -> None:
                    "--burst-split' (its defaults otherwise)")
     p.add_argument("--prefill-error", type=float, default=1.3,
                    help="a step with prefill tokens takes this multiple of the model's time (H100: 1.2-1.8)")
+    p.add_argument("--admit-ms", type=float, default=0.7,
+                   help="the API process's time to admit one request, one at a time (CPU-measured: ~0.7 ms), so a "
+                   "round's requests reach the scheduler over several ticks; 0 sends each round at once")
     a = p.parse_args()
     a.prompt_len = tuple(int(x) for x in a.prompt_len.split(","))
     levels = [int(x) for x in a.levels.split(",")]

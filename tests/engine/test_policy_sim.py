@@ -16,24 +16,37 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 from policy_sim import read_cost, simulate  # noqa: E402
 
+ONE_MS = StepCost((1, 8192), (1.0, 1.0), 0.0)
 
-@pytest.mark.parametrize("prefill_error", [1.0, 2.0])
-def test_a_stream_of_two_requests_on_a_one_ms_step(tiny_models, prefill_error):
-    """Every step costs 1 ms (a step with prompt tokens `prefill_error` ms). A 20-token prompt under an 8-token
-    budget takes three steps (8, 8, 4) to its first token, then three decodes; the second request arrives as the
-    first ends and goes the same way."""
-    llm = LLM(tiny_models["qwen3"], device="cpu", dtype="float32", num_pages=1024, max_prefill_tokens=8,
-              overlap_schedule=False)
-    one_ms = StepCost((1, 8192), (1.0, 1.0), 0.0)
+
+def run(path: str, streams: int, **args) -> dict:
+    """One simulated level on a fresh engine with an 8-token budget, every step 1 ms (ONE_MS)."""
+    llm = LLM(path, device="cpu", dtype="float32", num_pages=1024, max_prefill_tokens=8, overlap_schedule=False)
     try:
-        row = simulate(llm, one_ms, 1, Namespace(seed=0, prompt_len=(20, 20), rounds=2, max_tokens=4,
-                                                 prefill_error=prefill_error))
+        return simulate(llm, ONE_MS, streams, Namespace(seed=0, **args))
     finally:
         llm.shutdown()
-    request_ms = 3 * prefill_error + 3
-    assert row["ttft_p50"] == row["ttft_p99"] == 3 * prefill_error
+
+
+@pytest.mark.parametrize("prefill_error, admit_ms", [(1.0, 0.0), (2.0, 0.0), (1.0, 0.5)])
+def test_a_stream_of_two_requests_on_a_one_ms_step(tiny_models, prefill_error, admit_ms):
+    """Every step costs 1 ms (a step with prompt tokens `prefill_error` ms). A 20-token prompt under an 8-token
+    budget reaches the scheduler `admit_ms` after it is sent and takes three steps (8, 8, 4) to its first token,
+    then three decodes; the second request is sent as the first ends and goes the same way."""
+    row = run(tiny_models["qwen3"], 1, prompt_len=(20, 20), rounds=2, max_tokens=4, prefill_error=prefill_error,
+              admit_ms=admit_ms)
+    request_ms = admit_ms + 3 * prefill_error + 3
+    assert row["ttft_p50"] == row["ttft_p99"] == admit_ms + 3 * prefill_error
     assert row["itl_p50"] == row["itl_p99"] == 1.0
     assert row["tok_s"] == pytest.approx(1000 * 8 / (2 * request_ms))
+
+
+def test_requests_sent_together_are_admitted_one_at_a_time(tiny_models):
+    """Two streams send 4-token prompts at once, one token each; the API admits them 5 ms apart: the first reaches
+    the scheduler at 5 ms and has its token at 6, the second reaches an idle scheduler at 10 and has it at 11."""
+    row = run(tiny_models["qwen3"], 2, prompt_len=(4, 4), rounds=1, max_tokens=1, prefill_error=1.0, admit_ms=5.0)
+    assert (row["ttft_p50"], row["ttft_p99"]) == (6.0, 11.0)
+    assert row["tok_s"] == pytest.approx(1000 * 2 / 11)
 
 
 def test_the_stored_step_cost_models_read_back_whole():
