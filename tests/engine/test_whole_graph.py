@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from helpers import make_llm
+from helpers import DEVICE, make_llm
 from kernels.test_triton_attention import LAYER, Case
 
 from minisgl.attention import make_backend
@@ -80,14 +80,14 @@ def test_store_with_padding_rows_then_attend_into_a_buffer_equals_forward(backen
     pool.k, pool.v = case.pool.k.clone(), case.pool.v.clone()
     backend = make_backend(backend_name, pool, case.page_table)
     pad, scratch = 5, pool.scratch_page * pool.page_size
-    slots = torch.cat([case.batch.out_slots, torch.full((pad,), scratch)])
-    stale = [torch.cat([t, torch.randn(pad, *t.shape[1:])]) for t in (case.k, case.v)]
+    slots = torch.cat([case.batch.out_slots, torch.full((pad,), scratch, device=DEVICE)])
+    stale = [torch.cat([t, torch.randn(pad, *t.shape[1:], dtype=t.dtype, device=DEVICE)]) for t in (case.k, case.v)]
     pool.store(LAYER, slots, *stale)  # as the piece's rope does
-    out = torch.full((case.q.shape[0] + pad, want.shape[1]), float("nan"))
+    out = torch.full((case.q.shape[0] + pad, want.shape[1]), float("nan"), dtype=want.dtype, device=DEVICE)
     returned = backend.attend(LAYER, case.q, backend.prepare(case.batch), out[: case.q.shape[0]])
     assert returned.data_ptr() == out.data_ptr()
     torch.testing.assert_close(out[: case.q.shape[0]], want, atol=2e-5, rtol=0)
     assert out[case.q.shape[0]:].isnan().all()  # padding rows of the output are not written
-    keep = torch.ones(pool.k.shape[1], dtype=torch.bool)
+    keep = torch.ones(pool.k.shape[1], dtype=torch.bool, device=DEVICE)
     keep[scratch] = False
     assert torch.equal(pool.k[:, keep], want_pool.k[:, keep]) and torch.equal(pool.v[:, keep], want_pool.v[:, keep])
