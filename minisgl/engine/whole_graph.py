@@ -79,10 +79,11 @@ def token_buckets(max_tokens: int) -> list[int]:
 
 
 def timing_ids(count: int, vocab_size: int) -> torch.Tensor:
-    """`count` token ids for the runs that time the buckets (and for the rows a step pads with), on the CPU: varied,
-    so that a MoE router spreads them over the experts as it does a served step's tokens. All zeros, every token
-    went to the same top-k experts: qwen3-30b-a3b's 16-token step timed 4.6 ms on an H100 where its served decode
-    steps at 16 streams read ~10x those experts' weights. The same ids on every tensor-parallel rank."""
+    """`count` token ids for the runs that time the buckets (and for padding rows no real step has written yet), on
+    the CPU: varied, so that a MoE router spreads them over the experts as it does a served step's tokens. All
+    zeros, every token went to the same top-k experts: qwen3-30b-a3b's 16-token step timed 4.6 ms on an H100 where
+    its served decode steps at 16 streams read ~10x those experts' weights. The same ids on every tensor-parallel
+    rank."""
     return torch.randint(vocab_size, (count,), generator=torch.Generator().manual_seed(0))
 
 
