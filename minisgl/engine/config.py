@@ -37,8 +37,8 @@ class EngineArgs:
     # the decode step alone (by the start-up step cost model, engine/step_cost.py; see Scheduler._prefill_room); 0:
     # the token budget alone. Off here (offline throughput); the server turns it on
     max_mixed_step_ratio: float = 0.0
-    # beside fewer decodes than that ratio needs, cut a burst of prompts into the steps that minimise its mean TTFT
-    # (by the same model; see Scheduler._burst_room): --burst-split, off by default
+    # under a light load, compute a burst of prompts in steps of BURST_CHUNK_TOKENS for its median TTFT (see
+    # Scheduler._light_burst): --burst-split, off by default
     burst_split: bool = False
     tokenizer: str | None = None  # a directory or Hub id; None: the model's own (the grammar compiler loads it)
     trust_remote_code: bool = False  # the tokenizer may run its own code

@@ -19,7 +19,6 @@ left out. The figures are a model for a budget, not a promise: the ratio the sch
 from __future__ import annotations
 
 import bisect
-import itertools
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable
@@ -70,30 +69,6 @@ class StepCost:
             else:
                 high = mid - 1
         return low
-
-    def burst_room(self, prompts: list[int], decodes: int, kv_tokens: int, limit: int) -> int:
-        """The prefill tokens (at most `limit`) the next step should take from `prompts`, the tokens each waiting
-        prompt has left in the order they are served, beside `decodes` decodes reading `kv_tokens` cached tokens, so
-        that their first tokens come soonest on average.
-
-        Every prompt not finished before a step waits for it, so a plan's mean time to first token is the sum of its
-        steps' times, each times the prompts still waiting, over their count: smaller steps finish the first prompts
-        sooner, but each pays the fixed cost of a step again. While a step's cost grows at most linearly with its
-        tokens, the best plan ends each step where a prompt ends (a step ending inside a prompt finishes no more
-        prompts, and its extra tokens cost those waiting on it at least what they cost in the next step). So the
-        plan is found over prompt ends by dynamic programming, and its first step is the answer."""
-        n, ends = len(prompts), [0, *itertools.accumulate(prompts)]
-        wait = [0.0] * (n + 1)  # wait[i]: the least sum of waits once the first i prompts are done
-        step_end = [n] * (n + 1)  # step_end[i]: prompts done after the best next step from i
-        for i in range(n - 1, -1, -1):
-            wait[i], step_end[i] = min((self._steps_ms(ends[j] - ends[i], decodes, kv_tokens, limit) * (n - i)
-                                        + wait[j], j) for j in range(i + 1, n + 1))
-        return min(limit, ends[step_end[0]])
-
-    def _steps_ms(self, tokens: int, decodes: int, kv_tokens: int, limit: int) -> float:
-        """The time to compute `tokens` prompt tokens in steps of at most `limit` beside the decodes."""
-        full, rest = divmod(tokens, limit)
-        return full * self.ms(decodes + limit, kv_tokens) + (self.ms(decodes + rest, kv_tokens) if rest else 0.0)
 
 
 def measure(replay: Callable[[int], None], buckets: list[int], kv_bytes_per_token: int,

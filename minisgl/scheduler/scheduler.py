@@ -48,7 +48,8 @@ MAX_CHUNKED_DECODES = 160  # beside more decodes than this, chunks are bounded b
 DRAIN_MS = 300.0  # prompts waiting longer than this to drain in chunks of CHUNK_TOKENS: a backlog (_prefill_room)
 DRAIN_LEFT = 4  # a backlog ends with at most this many chunks of prompt tokens left
 STALL_TOKENS = 100  # a stream earns one stall at admission and one per this many tokens (Scheduler._spend_stall)
-BURST_PROMPTS = 32  # a burst's step is planned for its first this many prompts (Scheduler._burst_room: O(n^2))
+BURST_CHUNK_TOKENS = 3072  # a light load's burst of prompts is computed in steps of this many (--burst-split)
+LIGHT_LOAD_STEPS = 512  # light: fewer than MIN_TIMED_DECODES requests held at each of this many last steps
 
 
 class Scheduler:
@@ -59,6 +60,7 @@ class Scheduler:
         self.max_running = args.max_running_requests
         self.step_ratio = args.max_mixed_step_ratio
         self.burst_split = args.burst_split
+        self.held: deque[int] = deque(maxlen=LIGHT_LOAD_STEPS)  # requests held at each recent step (_light_burst)
         self.backlogged = False  # prompts pile up faster than chunks drain them (_backlogged)
         self.overlap = args.overlap_schedule
         self.eos_ids = set(engine.config.eos_token_ids)
@@ -286,8 +288,8 @@ class Scheduler:
         chunks of CHUNK_TOKENS, or the whole budget when every one of those decodes has a stall to spend
         (`_spend_stall`); while prompts pile up (`_backlogged`) or more than MAX_CHUNKED_DECODES decode, no more
         than keeps the step within K times the cost of the decodes alone. At least PREFILL_FLOOR tokens, so a
-        prompt always advances. With fewer decodes (none included) a burst of prompts may be cut instead, for its
-        mean TTFT (--burst-split; see `_burst_room`).
+        prompt always advances. With fewer decodes (none included), a light load's burst of prompts may be cut into
+        steps of BURST_CHUNK_TOKENS instead, for its median TTFT (--burst-split; see `_light_burst`).
 
         Why chunks, and stalls to spend: the inter-token percentiles count stalls, not their length. A closed loop
         of 64 streams sends each round's ~40,000 prompt tokens within a few steps' time; cut by time alone (K x
@@ -306,11 +308,12 @@ class Scheduler:
         of chunks without that bound at twice the median TTFT. Everything here is counted in tokens or modelled
         from the start-up cost model, which every tensor-parallel rank shares, so that the ranks agree."""
         room, cost = self.max_prefill_tokens - len(decodes), self.engine.step_cost
-        if cost is None or room <= PREFILL_FLOOR:
+        self.held.append(len(self.running) + len(self.waiting))
+        if room <= PREFILL_FLOOR:
             return room
         if len(decodes) < MIN_TIMED_DECODES:
-            return self._burst_room(decodes, room) if self.burst_split else room
-        if not self.step_ratio:
+            return min(room, BURST_CHUNK_TOKENS) if self.burst_split and self._light_burst() else room
+        if cost is None or not self.step_ratio:
             return room
         kv_tokens, backlog = sum(r.kv_len for r in decodes), self._prompt_backlog()
         if self._backlogged(backlog, len(decodes), kv_tokens) or len(decodes) > MAX_CHUNKED_DECODES:
@@ -339,23 +342,21 @@ class Scheduler:
             r.stalls += 1
         return True
 
-    def _burst_room(self, decodes: list[Req], room: int) -> int:
-        """`room`, or less to cut a burst of waiting prompts into steps of StepCost.burst_room, which minimise their
-        mean time to first token (--burst-split). 16 closed-loop streams send their next prompts together, and as
-        ~3 budget-sized steps most of them wait for the biggest. The price: streams already decoding stall in every
-        cut step, so a step is cut only when each of its decodes has a stall to spend (`_spend_stall`). Still the
-        cut steps, and the whole-budget step after the stalls are spent, hold more decodes than the uncut burst's
-        steps did: on an H100, qwen3-8b at 16 streams, TTFT p50 126-132 ms against 219-244, but ITL p99 21.5-23.6 ms
-        against 10.9-12.9 (docs/benchmarks.md, 2026-11-26 session 6, when a stall was earned per 256 tokens). Hence
-        opt-in, for a burst's median first token over the inter-token tail."""
-        queue = self._prompt_queue()
-        if not queue:
-            return room
-        kv_tokens = sum(r.kv_len for r in decodes)
-        cut = max(PREFILL_FLOOR, self.engine.step_cost.burst_room(queue[:BURST_PROMPTS], len(decodes), kv_tokens, room))
-        if cut >= min(sum(queue), room) or not self._spend_stall(decodes):
-            return room
-        return cut
+    def _light_burst(self) -> bool:
+        """Whether the prompts waiting to be computed are a light load's burst, to be cut into steps of
+        BURST_CHUNK_TOKENS (--burst-split): fewer than MIN_TIMED_DECODES requests held at each of the last
+        LIGHT_LOAD_STEPS steps, and at most two token budgets of prompt tokens to compute.
+
+        Why cut: 16 closed-loop streams send their next prompts within a few milliseconds, and in budget-sized steps
+        most of them get their first token only after the largest step (qwen3-8b, H100: TTFT p50 241-245 ms); in
+        steps of 3,072 tokens the first prompts finish a step or two sooner (167-175 ms), while the streams already
+        decoding stall in at most a few steps per burst: 3,072 is the smallest chunk at which the policy simulator
+        kept the stalled gaps under 1% (2,048: 1.5%, and an ITL p99 five times the decode step's). Why only then:
+        a heavier load's burst (64 streams: ~40,000 tokens) drains fastest in whole budgets, and cut while it was
+        still arriving (the API admits a request every ~0.7 ms, so fewer are held at first) it raised the 64-stream
+        TTFT p50 by 8-20% on an H100; the window of steps remembers the load between one round and the next.
+        Counted in requests and tokens, so tensor-parallel ranks agree."""
+        return max(self.held) < MIN_TIMED_DECODES and self._prompt_backlog() <= 2 * self.max_prefill_tokens
 
     def _prompt_backlog(self) -> int:
         """Prompt tokens not computed yet: the running requests' unfinished prompts and the waiting ones'."""

@@ -157,10 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "step alone, by a model of the device's step time measured at start-up (CUDA); 0: only "
                              "the token budget bounds the chunks (default: 4)")
     engine.add_argument("--burst-split", action="store_true",
-                        help="with fewer running decodes than --max-mixed-step-ratio needs, cut prompts that arrive "
-                             "together into the steps that get them their first tokens soonest on average (by the "
-                             "step cost model), as far as the decodes have stalls left (one at admission, one per 100 "
-                             "tokens); trades the inter-token tail for a burst's median TTFT (off by default)")
+                        help="under a light load (fewer than 32 requests held over the last 512 steps), compute a "
+                             "burst of prompts of at most two token budgets in steps of 3,072 tokens, so the first "
+                             "of them get their first tokens sooner: a burst's median TTFT for a few more stalls of "
+                             "the running streams (off by default)")
     engine.add_argument("--disable-overlap-schedule", "--no-async-scheduling", action="store_true",
                         help="run each step to completion before scheduling the next (overlap is on by default; "
                              "vLLM calls it async scheduling)")
