@@ -10,8 +10,9 @@ Each step's batch is read where the scheduler hands it to the (real) engine.
 from __future__ import annotations
 
 import pytest
+from helpers import make_llm
 
-from engine.test_mixed_schedule import drive, engine, greedy, prompts, record_batches
+from engine.test_mixed_schedule import drive, greedy, prompts, record_batches
 from minisgl import LLM
 from minisgl.core import Batch, Req
 from minisgl.scheduler import scheduler as policy
@@ -26,7 +27,7 @@ def small_chunks(monkeypatch):
 
 
 def burst_engine(path: str, on: bool = True) -> LLM:
-    llm = engine(path, max_prefill_tokens=BUDGET, max_running_requests=64)
+    llm = make_llm(path, max_prefill_tokens=BUDGET, max_running_requests=64)
     llm.scheduler.burst_split = on
     return llm
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import shutil
 
 import pytest
 import torch
+from helpers import DEVICE
 from safetensors.torch import load_file, save_file
 
 import minisgl.layers.fp8 as fp8
@@ -31,7 +31,6 @@ from minisgl.models.loader import ModelLoadError, load_model
 from minisgl.quantization import Fp8Config
 from minisgl.tools.tiny_model import make_tiny_model
 
-DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
 BLOCK = 32
 MEAN_TOL, REL_TOL = 0.5, 0.25
 PROMPT_LOGPROBS = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)

@@ -5,15 +5,14 @@ test_two_engines_in_one_process.py checks that on a GPU, this checks that the te
 
 from __future__ import annotations
 
-import os
 import weakref
 
 import pytest
 import torch
+from helpers import DEVICE
 
 from minisgl import LLM, SamplingParams
 
-DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
 PROMPTS = [[5, 6, 7], [11, 12, 13, 14, 15]]
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 

@@ -6,17 +6,16 @@ memory an earlier step's mask still lives in (on a GPU: pinned host slots copied
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
 import xgrammar as xgr
+from helpers import DEVICE
 
 from minisgl.constrained import Grammars
 from minisgl.core import Constraint
 from minisgl.tokenizer import TokenizerSource
 
-DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
 # Grammars that never force the end within the test's steps: every row always has a token besides EOS.
 CONSTRAINTS = [Constraint("regex", r"[a-z]+@x\.com"), Constraint("json_schema", '{"type": "string"}'),
                Constraint("ebnf", 'root ::= ("yes" | "no") [a-z]*')]

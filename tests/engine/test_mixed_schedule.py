@@ -11,10 +11,8 @@ step by the ratio of their cost instead, and a prompt still advances every step 
 
 from __future__ import annotations
 
-import os
-import random
-
 import pytest
+from helpers import make_llm, random_prompts
 
 from minisgl import LLM, SamplingParams
 from minisgl.attention.triton_backend import MixedMeta
@@ -24,18 +22,11 @@ from minisgl.messages import AddReq
 from minisgl.scheduler import scheduler as policy
 from minisgl.scheduler.scheduler import PREFILL_FLOOR
 
-DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
 VOCAB = 400
 
 
-def engine(path: str, **kwargs) -> LLM:
-    """A small engine on the test device (fp32, a small pool, short graph capture on a GPU)."""
-    return LLM(path, **{"device": DEVICE, "dtype": "float32", "num_pages": 4096, "cuda_graph_max_bs": 32, **kwargs})
-
-
 def prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(3, VOCAB) for _ in range(n)] for n in lengths]
+    return random_prompts(lengths, VOCAB, seed)
 
 
 def greedy(max_tokens: int) -> SamplingParams:
@@ -88,7 +79,7 @@ def first_token_ticks(llm: LLM, first: list[Req], later: list[Req], arrive_at: i
 
 def alone(path: str, reqs: list[Req]) -> list[list[int]]:
     """The plain run: each request by itself, its prompt in one step, no overlap."""
-    llm = engine(path, overlap_schedule=False)
+    llm = make_llm(path, overlap_schedule=False)
     try:
         return [llm.generate(r.prompt_ids, r.params)[0].token_ids for r in reqs]
     finally:
@@ -98,7 +89,7 @@ def alone(path: str, reqs: list[Req]) -> list[list[int]]:
 @pytest.mark.parametrize("overlap", [True, False])
 def test_long_prompt_chunks_in_beside_every_decode_within_the_budget(tiny_models, overlap):
     path = tiny_models["qwen3"]
-    llm = engine(path, max_prefill_tokens=16, max_running_requests=8, overlap_schedule=overlap)
+    llm = make_llm(path, max_prefill_tokens=16, max_running_requests=8, overlap_schedule=overlap)
     try:
         batches = record_batches(llm)
         short = [Req(i, p, greedy(24), seed=0) for i, p in enumerate(prompts([5, 7, 6]))]
@@ -122,7 +113,7 @@ def mixed_split_run(path: str, split_bytes: int) -> tuple[list[list[int]], list[
     of decode rows each split step gave the decode kernel."""
     # no CUDA graphs: on a GPU the whole-step graphs would run the mixed steps without `prepare` (their attention
     # is captured)
-    llm = engine(path, attention_backend="triton", max_prefill_tokens=16, max_running_requests=8, cuda_graph_max_bs=0)
+    llm = make_llm(path, attention_backend="triton", max_prefill_tokens=16, max_running_requests=8, cuda_graph_max_bs=0)
     backend, split_rows = llm.engine.prefill_backend, []
     backend.mixed_split_kv_bytes, prepare = split_bytes, backend.prepare
 
@@ -153,7 +144,7 @@ def test_mixed_steps_decode_rows_through_the_decode_kernel_keep_the_greedy_token
 
 def test_pure_decode_steps_stay_decode_batches(tiny_models):
     """A step without prefill tokens is a decode batch (CUDA graphs replay those)."""
-    llm = engine(tiny_models["qwen3"], max_prefill_tokens=32)
+    llm = make_llm(tiny_models["qwen3"], max_prefill_tokens=32)
     try:
         batches = record_batches(llm)
         drive(llm, [Req(i, p, greedy(6), seed=0) for i, p in enumerate(prompts([4, 9]))])
@@ -165,7 +156,7 @@ def test_pure_decode_steps_stay_decode_batches(tiny_models):
 def test_admission_is_fifo_and_starves_no_one(tiny_models):
     """More requests than may run, arriving over time, long and short mixed: they start (first token) in
     arrival order, and every running one gets a token in every step until it finishes."""
-    llm = engine(tiny_models["qwen2"], max_prefill_tokens=24, max_running_requests=3)
+    llm = make_llm(tiny_models["qwen2"], max_prefill_tokens=24, max_running_requests=3)
     lengths = [40, 3, 30, 5, 60, 4, 8, 50]
     reqs = [Req(i, p, greedy(5 + i % 3), seed=0) for i, p in enumerate(prompts(lengths, seed=2))]
     try:
@@ -184,7 +175,7 @@ def test_retraction_amid_mixed_steps_keeps_the_greedy_tokens(tiny_models, overla
     """A pool too small for all of them: decodes retract the newest request while others are still being
     chunked in; everyone still ends with the tokens of a plain run."""
     path = tiny_models["qwen2"]
-    llm = engine(path, page_size=4, num_pages=30, max_prefill_tokens=12, max_running_requests=4,
+    llm = make_llm(path, page_size=4, num_pages=30, max_prefill_tokens=12, max_running_requests=4,
                  overlap_schedule=overlap)
     reqs = [Req(i, p, greedy(24), seed=0) for i, p in enumerate(prompts([10, 26, 14, 20], seed=3))]
     try:
@@ -201,7 +192,7 @@ def test_retraction_amid_mixed_steps_keeps_the_greedy_tokens(tiny_models, overla
 def launches_and_first_tokens(path: str, running: list[int], arriving: list[int]) -> tuple[list, list[Req]]:
     """Prompts `running` start together, `arriving` come at the fourth tick (budget 16 tokens a step, overlap
     on); per tick, (the batches it launched, the rids whose first token it read), and the requests."""
-    llm = engine(path, max_prefill_tokens=16)
+    llm = make_llm(path, max_prefill_tokens=16)
     sched = llm.scheduler
     reqs = [Req(i, p, greedy(12), seed=0) for i, p in enumerate(prompts(running + arriving))]
     try:
@@ -269,7 +260,7 @@ def beside_three_decodes(path: str, arrivals: dict[int, list[Req]], tokens: int 
                          **kwargs) -> tuple[list[Batch], list[Req]]:
     """Three short requests decode `tokens` tokens each while `arrivals` (tick -> requests) come, on a timed engine
     (ratio 1.5, budget 1024): the batches launched, and the three."""
-    llm = timed(engine(path, max_prefill_tokens=1024, max_running_requests=8, **kwargs), 1.5)
+    llm = timed(make_llm(path, max_prefill_tokens=1024, max_running_requests=8, **kwargs), 1.5)
     try:
         batches = record_batches(llm)
         short = [Req(i, p, greedy(tokens), seed=0) for i, p in enumerate(prompts([5, 7, 6]))]
@@ -336,7 +327,7 @@ def test_beside_more_decodes_than_chunks_serve_steps_stay_within_the_cost_ratio(
 
 
 def test_without_decodes_the_token_budget_alone_bounds_a_step(tiny_models):
-    llm = timed(engine(tiny_models["qwen3"], max_prefill_tokens=512), 1.0)
+    llm = timed(make_llm(tiny_models["qwen3"], max_prefill_tokens=512), 1.0)
     try:
         batches = record_batches(llm)
         drive(llm, [Req(0, prompts([700])[0], greedy(3), seed=0)])
@@ -348,7 +339,7 @@ def test_without_decodes_the_token_budget_alone_bounds_a_step(tiny_models):
 def test_beside_fewer_decodes_than_the_minimum_a_prompt_is_not_cut_by_time(tiny_models, monkeypatch):
     """Three decodes, a minimum of four: the long prompt takes what the budget leaves, as without a model."""
     monkeypatch.setattr(policy, "MIN_TIMED_DECODES", 4)
-    llm = timed(engine(tiny_models["qwen3"], max_prefill_tokens=1024, max_running_requests=8), 1.5)
+    llm = timed(make_llm(tiny_models["qwen3"], max_prefill_tokens=1024, max_running_requests=8), 1.5)
     try:
         batches = record_batches(llm)
         long = Req(9, prompts([900], seed=1)[0], greedy(2), seed=0)
@@ -364,7 +355,7 @@ def test_under_the_cost_ratio_admission_stays_fifo_and_every_decode_runs_each_st
     arrival order, no running request misses a step (record_batches checks), each within its ratio or floor
     (no chunks: MAX_CHUNKED_DECODES 0)."""
     monkeypatch.setattr(policy, "MAX_CHUNKED_DECODES", 0)
-    llm = timed(engine(tiny_models["qwen2"], max_prefill_tokens=600, max_running_requests=3), 1.3)
+    llm = timed(make_llm(tiny_models["qwen2"], max_prefill_tokens=600, max_running_requests=3), 1.3)
     lengths = [400, 30, 300, 20, 500, 10, 90]
     reqs = [Req(i, p, greedy(6 + i % 3), seed=0) for i, p in enumerate(prompts(lengths, seed=4))]
     try:

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
+from helpers import DEVICE
+
 from minisgl import LLM, SamplingParams
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
 
 
 def test_step_summary_accounts_for_every_step_of_the_last_generate(tiny_models, tmp_path, monkeypatch):

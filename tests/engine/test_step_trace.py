@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -16,9 +15,8 @@ from minisgl.engine.step_cost import StepCost
 from minisgl.scheduler.trace import StepTrace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from helpers import DEVICE
 from itl_trace import Trace, gaps_of, report  # noqa: E402
-
-DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
 
 
 def test_trace_follows_a_chunked_prompt_to_its_first_token(tiny_models, tmp_path, monkeypatch):
