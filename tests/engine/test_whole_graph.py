@@ -15,7 +15,7 @@ from minisgl.attention.torch_backend import TorchBackend
 from minisgl.attention.triton_backend import TritonBackend
 from minisgl.engine.config import EngineArgs
 from minisgl.engine.whole_graph import bucket_for, timing_ids, token_buckets
-from minisgl.layers.moe import route
+from minisgl.layers.moe import SparseMoE, route
 from minisgl.server.args import parse_args
 
 
@@ -34,7 +34,7 @@ def test_the_timing_runs_tokens_spread_over_the_experts_as_a_served_steps_do(tin
     to the same top-k experts, and time a fraction of the expert weights a served step reads."""
     with make_llm(tiny_models["qwen3_moe"]) as llm:
         model, vocab = llm.engine.model.model, llm.engine.config.vocab_size
-        layer = next(layer for layer in model.layers if hasattr(layer.mlp, "gate"))
+        layer = next(layer for layer in model.layers if isinstance(layer.mlp, SparseMoE))
         moe, experts = layer.mlp, layer.mlp.w13.shape[0]
 
         def experts_used(ids: torch.Tensor) -> int:
