@@ -2,7 +2,7 @@
 percentiles at 16-256 streams, in seconds and without a GPU.
 
     python benchmarks/policy_sim.py --cost benchmarks/step_costs/qwen3-0.6b-h100.txt --levels 16,64,256 \
-        [--server-args "--max-mixed-step-ratio 3 --max-num-batched-tokens 4096"] [--prefill-error 1.3]
+        [--server-args "--max-mixed-step-ratio 3 --max-num-batched-tokens 4096"] [--prefill-error 1.3] [--one-server]
 
 Why: the tails depend on how a wave of prompts is cut into steps beside the running decodes, and a GPU A/B of
 one level costs minutes of a scarce machine while its runs vary by 10-20%. Here the real Scheduler decides
@@ -36,6 +36,7 @@ import random
 import re
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -45,6 +46,7 @@ from online import percentile  # noqa: E402
 
 from minisgl import LLM, SamplingParams  # noqa: E402
 from minisgl.core import Batch, Req  # noqa: E402
+from minisgl.engine.config import EngineArgs  # noqa: E402
 from minisgl.engine.engine import ForwardedStep  # noqa: E402
 from minisgl.engine.step_cost import StepCost  # noqa: E402
 from minisgl.messages import AddReq  # noqa: E402
@@ -123,6 +125,22 @@ def simulate(llm: LLM, cost: StepCost, streams: int, a: argparse.Namespace) -> d
             "long_share": sum(g > 2 * itl_p50 for g in itl) / max(len(itl), 1), "tok_s": 1000 * total / clock}
 
 
+def run_levels(path: str, server: EngineArgs, cost: StepCost, levels: list[int],
+               a: argparse.Namespace) -> Iterator[dict]:
+    """Each level's row, in order: each on a fresh engine, or all on one with `a.one_server` (as side_by_side.sh's
+    server runs them, so that what a level leaves in the scheduler, such as --burst-split's window of recent load,
+    meets the next). The engines are offline ones given the server's scheduling settings."""
+    for group in [levels] if a.one_server else [[streams] for streams in levels]:
+        most = max(group)
+        pool = most * (a.prompt_len[1] + a.max_tokens) + server.max_prefill_tokens
+        with LLM(path, device="cpu", dtype="float32", num_pages=pool, max_running_requests=max(most, 256),
+                 max_prefill_tokens=server.max_prefill_tokens, overlap_schedule=False) as llm:
+            # the server's settings that the offline LLM leaves off
+            llm.scheduler.step_ratio, llm.scheduler.burst_split = server.max_mixed_step_ratio, server.burst_split
+            for streams in group:
+                yield simulate(llm, cost, streams, a)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cost", required=True, help="a file with a CUDA server's 'step cost model:' log line")
@@ -138,6 +156,9 @@ def main() -> None:
     p.add_argument("--admit-ms", type=float, default=0.7,
                    help="the API process's time to admit one request, one at a time (CPU-measured: ~0.7 ms), so a "
                    "round's requests reach the scheduler over several ticks; 0 sends each round at once")
+    p.add_argument("--one-server", action="store_true",
+                   help="run the levels in sequence on one scheduler, as side_by_side.sh's server does (each on a "
+                        "fresh one otherwise)")
     a = p.parse_args()
     a.prompt_len = tuple(int(x) for x in a.prompt_len.split(","))
     levels = [int(x) for x in a.levels.split(",")]
@@ -147,14 +168,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = make_tiny_model(Path(tmp) / "tiny", "qwen3")
         server = parse_args(["--model", str(path), "--device", "cpu", *a.server_args.split()]).engine
-        for streams in levels:
-            pool = streams * (a.prompt_len[1] + a.max_tokens) + server.max_prefill_tokens
-            with LLM(str(path), device="cpu", dtype="float32", num_pages=pool, max_running_requests=max(streams, 256),
-                     max_prefill_tokens=server.max_prefill_tokens, overlap_schedule=False) as llm:
-                # the server's settings that the offline LLM leaves off
-                llm.scheduler.step_ratio, llm.scheduler.burst_split = server.max_mixed_step_ratio, server.burst_split
-                r = simulate(llm, cost, streams, a)
-            lines.append(f"| {streams} | {r['ttft_p50']:.1f} / {r['ttft_p99']:.1f} | {r['itl_p50']:.2f} / "
+        for r in run_levels(str(path), server, cost, levels, a):
+            lines.append(f"| {r['streams']} | {r['ttft_p50']:.1f} / {r['ttft_p99']:.1f} | {r['itl_p50']:.2f} / "
                          f"{r['itl_p99']:.2f} | {100 * r['long_share']:.1f}% | {r['tok_s']:,.0f} |")
             print(lines[-1], flush=True)
     print("\n".join(lines))

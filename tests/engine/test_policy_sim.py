@@ -11,10 +11,12 @@ import pytest
 
 from minisgl import LLM
 from minisgl.engine.step_cost import StepCost
+from minisgl.scheduler import scheduler as policy
+from minisgl.server.args import parse_args
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
-from policy_sim import read_cost, simulate  # noqa: E402
+from policy_sim import read_cost, run_levels, simulate  # noqa: E402
 
 ONE_MS = StepCost((1, 8192), (1.0, 1.0), 0.0)
 
@@ -58,3 +60,20 @@ def test_the_stored_step_cost_models_read_back_whole():
         assert list(cost.tokens) == sorted(set(cost.tokens)), path
         assert list(cost.linear_ms) == sorted(cost.linear_ms), path
         assert 0 < cost.kv_ms_per_token < 1e-3, path
+
+
+def test_on_one_server_a_light_level_meets_the_load_the_heavy_one_left(tiny_models, monkeypatch):
+    """--burst-split, 100-token steps for a light burst: four streams of 100-token prompts on a fresh scheduler get
+    their first tokens over four steps; after forty streams on the same one (its window of recent load still holds
+    them) the four prompts go in one step, so the median first token comes sooner. The forty-stream level is the
+    same either way: it starts each run."""
+    monkeypatch.setattr(policy, "BURST_CHUNK_TOKENS", 100)
+    path = tiny_models["qwen3"]
+    server = parse_args(["--model", path, "--device", "cpu", "--burst-split"]).engine
+    args = dict(seed=0, prompt_len=(100, 100), rounds=1, max_tokens=4, prefill_error=1.0, admit_ms=0.0)
+    fresh, shared = (list(run_levels(path, server, ONE_MS, [40, 4], Namespace(one_server=one, **args)))
+                     for one in (False, True))
+    assert fresh[0] == shared[0]
+    assert (fresh[1]["ttft_p50"], fresh[1]["ttft_p99"]) == (3.0, 4.0)  # one prompt a step
+    assert (shared[1]["ttft_p50"], shared[1]["ttft_p99"]) == (1.0, 1.0)  # all four in the first step
+
