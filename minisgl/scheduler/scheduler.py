@@ -60,7 +60,7 @@ class Scheduler:
         self.max_running = args.max_running_requests
         self.step_ratio = args.max_mixed_step_ratio
         self.burst_split = args.burst_split
-        self.held: deque[int] = deque(maxlen=LIGHT_LOAD_STEPS)  # requests held at each recent step (_light_burst)
+        self.held: deque[int] = deque(maxlen=LIGHT_LOAD_STEPS)  # with burst_split: requests held at recent steps
         self.backlogged = False  # prompts pile up faster than chunks drain them (_backlogged)
         self.overlap = args.overlap_schedule
         self.eos_ids = set(engine.config.eos_token_ids)
@@ -308,7 +308,8 @@ class Scheduler:
         of chunks without that bound at twice the median TTFT. Everything here is counted in tokens or modelled
         from the start-up cost model, which every tensor-parallel rank shares, so that the ranks agree."""
         room, cost = self.max_prefill_tokens - len(decodes), self.engine.step_cost
-        self.held.append(len(self.running) + len(self.waiting))
+        if self.burst_split:
+            self.held.append(len(self.running) + len(self.waiting))
         if room <= PREFILL_FLOOR:
             return room
         if len(decodes) < MIN_TIMED_DECODES:

@@ -176,7 +176,7 @@ def test_retraction_amid_mixed_steps_keeps_the_greedy_tokens(tiny_models, overla
     chunked in; everyone still ends with the tokens of a plain run."""
     path = tiny_models["qwen2"]
     llm = make_llm(path, page_size=4, num_pages=30, max_prefill_tokens=12, max_running_requests=4,
-                 overlap_schedule=overlap)
+                   overlap_schedule=overlap)
     reqs = [Req(i, p, greedy(24), seed=0) for i, p in enumerate(prompts([10, 26, 14, 20], seed=3))]
     try:
         batches = record_batches(llm)

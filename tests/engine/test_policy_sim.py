@@ -76,4 +76,3 @@ def test_on_one_server_a_light_level_meets_the_load_the_heavy_one_left(tiny_mode
     assert fresh[0] == shared[0]
     assert (fresh[1]["ttft_p50"], fresh[1]["ttft_p99"]) == (3.0, 4.0)  # one prompt a step
     assert (shared[1]["ttft_p50"], shared[1]["ttft_p99"]) == (1.0, 1.0)  # all four in the first step
-
