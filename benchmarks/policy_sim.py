@@ -137,6 +137,7 @@ def run_levels(path: str, server: EngineArgs, cost: StepCost, levels: list[int],
                  max_prefill_tokens=server.max_prefill_tokens, overlap_schedule=False) as llm:
             # the server's settings that the offline LLM leaves off
             llm.scheduler.step_ratio, llm.scheduler.burst_split = server.max_mixed_step_ratio, server.burst_split
+            llm.scheduler.shortest_first = server.schedule_policy == "sjf"
             for streams in group:
                 yield simulate(llm, cost, streams, a)
 

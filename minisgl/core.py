@@ -224,6 +224,7 @@ class Req:
     pages: list[int] = field(default_factory=list)  # physical pages backing all_ids[:kv_len...]
     kv_len: int = 0
     unseen_tokens: int = 0
+    queued_step: int = 0  # the scheduler's step count when it joined the waiting queue (Scheduler._order_waiting)
     stalls: int = 0  # stalls it was charged: decoding beside a whole budget or a cut burst (Scheduler._spend_stall)
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (best over admissions)
     cache_handle: object = None  # the prefix-cache node locked for this request

@@ -40,6 +40,9 @@ class EngineArgs:
     # under a light load, compute a burst of prompts in steps of BURST_CHUNK_TOKENS for its median TTFT (see
     # Scheduler._light_burst): --burst-split, off by default
     burst_split: bool = False
+    # the order waiting prompts are admitted in: fcfs (arrival) or sjf (shortest prompt first, aged; see
+    # Scheduler._order_waiting): --schedule-policy, arrival order by default
+    schedule_policy: str = "fcfs"
     tokenizer: str | None = None  # a directory or Hub id; None: the model's own (the grammar compiler loads it)
     trust_remote_code: bool = False  # the tokenizer may run its own code
 
@@ -61,6 +64,7 @@ class EngineArgs:
         check(self.page_size >= 1, "page_size", ">= 1")
         check(self.max_prefill_tokens >= 1, "max_prefill_tokens", ">= 1")
         check(self.cache_type in ("radix", "naive"), "cache_type", "'radix' or 'naive'")
+        check(self.schedule_policy in ("fcfs", "sjf"), "schedule_policy", "'fcfs' or 'sjf'")
         check(self.num_pages is None or self.num_pages >= 1, "num_pages", "None or >= 1")
         check(self.max_running_requests >= 1, "max_running_requests", ">= 1")
         check(self.max_seq_len is None or self.max_seq_len >= 2, "max_seq_len", "None or >= 2")

@@ -50,6 +50,7 @@ DRAIN_LEFT = 4  # a backlog ends with at most this many chunks of prompt tokens 
 STALL_TOKENS = 100  # a stream earns one stall at admission and one per this many tokens (Scheduler._spend_stall)
 BURST_CHUNK_TOKENS = 3072  # a light load's burst of prompts is computed in steps of this many (--burst-split)
 LIGHT_LOAD_STEPS = 512  # light: fewer than MIN_TIMED_DECODES requests held at each of this many last steps
+AGED_STEPS = 16  # a prompt waiting this many steps goes before shorter ones (--schedule-policy sjf)
 
 
 class Scheduler:
@@ -60,6 +61,8 @@ class Scheduler:
         self.max_running = args.max_running_requests
         self.step_ratio = args.max_mixed_step_ratio
         self.burst_split = args.burst_split
+        self.shortest_first = args.schedule_policy == "sjf"
+        self.steps = 0  # batches built so far: the clock that ages waiting prompts (_order_waiting)
         self.held: deque[int] = deque(maxlen=LIGHT_LOAD_STEPS)  # with burst_split: requests held at recent steps
         self.backlogged = False  # prompts pile up faster than chunks drain them (_backlogged)
         self.overlap = args.overlap_schedule
@@ -106,7 +109,7 @@ class Scheduler:
         self.reqs[req.rid] = req
         constraint = req.params.constraint
         if constraint is None:
-            self.waiting.append(req)
+            self._enqueue(req)
             return
         if self.grammars is None:
             self.grammars = Grammars(self.engine.args.tokenizer_source(self.engine.model_path),
@@ -124,6 +127,11 @@ class Scheduler:
         except Exception as exc:
             self._fail(req, exc)
             return
+        self._enqueue(req)
+
+    def _enqueue(self, req: Req) -> None:
+        """Join the waiting queue, stamped with the step count that ages it (`_order_waiting`)."""
+        req.queued_step = self.steps
         self.waiting.append(req)
 
     def abort(self, rid: int) -> None:
@@ -267,6 +275,7 @@ class Scheduler:
         cannot serve both ends, since what a token costs depends on what else the step holds and a percentile
         counts stalls; `_prefill_room` therefore sizes the chunks beside decodes by the stalls each stream has
         left, and by time under a backlog."""
+        self.steps += 1
         reqs, lens = self._decodes()
         self._fill(reqs, lens, self._prefill_room(reqs))
         if not reqs:
@@ -361,12 +370,8 @@ class Scheduler:
 
     def _prompt_backlog(self) -> int:
         """Prompt tokens not computed yet: the running requests' unfinished prompts and the waiting ones'."""
-        return sum(self._prompt_queue())
-
-    def _prompt_queue(self) -> list[int]:
-        """The prompt tokens each unfinished prompt has left, in the order `_fill` serves them."""
-        running = [r.device_len - r.kv_len for r in self.running if r.device_len - r.kv_len > 1]
-        return running + [r.seq_len - r.kv_len for r in self.waiting]
+        running = sum(r.device_len - r.kv_len for r in self.running if r.device_len - r.kv_len > 1)
+        return running + sum(r.seq_len - r.kv_len for r in self.waiting)
 
     def _constrained(self, batch: Batch) -> bool:
         """Some request the batch samples for has a grammar."""
@@ -378,7 +383,8 @@ class Scheduler:
 
     def _fill(self, reqs: list[Req], lens: list[int], budget: int) -> None:
         """Append prefill chunks within `budget` tokens: first the running requests' unfinished prompts (chunked
-        prefill goes on, oldest first), then new admissions in arrival order."""
+        prefill goes on, oldest first), then new admissions in arrival order, or shortest first with
+        --schedule-policy sjf (`_order_waiting`)."""
         for req in self.running:
             todo = req.device_len - req.kv_len
             if todo > 1 and budget > 0:
@@ -388,6 +394,8 @@ class Scheduler:
                 reqs.append(req)
                 lens.append(n)
                 budget -= n
+        if self.shortest_first and budget > 0 and len(self.waiting) > 1:
+            self._order_waiting()
         while self.waiting and budget > 0 and len(self.running) < self.max_running:
             req = self.waiting[0]
             if req.unseen_tokens:  # retracted while its last token was in flight: wait for that token
@@ -404,6 +412,27 @@ class Scheduler:
             reqs.append(req)
             lens.append(n)
             budget -= n
+
+    def _order_waiting(self) -> None:
+        """Shortest prompt first (--schedule-policy sjf): retracted requests first, as ever, then prompts that have
+        waited AGED_STEPS steps, in arrival order, then the rest by length, shortest first.
+
+        Why: beside 32 or more decodes a burst of prompts comes in a chunk at a time over many steps, whatever their
+        order, and each prompt's first token waits for the prompts admitted before it; short ones first, fewer
+        tokens stand before the median one (qwen3-8b at 64 streams on an H100: TTFT p50 341-365 ms against 433-515).
+        The price: the first tokens come sooner, so more streams decode while the longer prompts are chunked in, and
+        stall (there: inter-token p99 43-45 against 36-37 ms; the simulator models the extra stalls too). Hence
+        opt-in. Why the age: by length alone a long prompt can be overtaken by every shorter one that arrives after
+        it (policy simulator, qwen3-0.6b at 64 streams: TTFT p99 +65% without the age, +21% with it); after
+        AGED_STEPS steps it keeps its place. Counted in steps, so tensor-parallel ranks agree."""
+        def key(req: Req) -> tuple[int, int]:
+            if req.output_ids:  # retracted: back first, in the order retraction left them
+                return 0, 0
+            if self.steps - req.queued_step >= AGED_STEPS:
+                return 1, req.queued_step
+            return 2, len(req.prompt_ids)
+
+        self.waiting = deque(sorted(self.waiting, key=key))
 
     def _admit(self, req: Req, budget: int) -> int | None:
         """Move the first waiting request into running with pages for its first chunk; returns the

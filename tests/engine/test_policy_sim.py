@@ -76,3 +76,17 @@ def test_on_one_server_a_light_level_meets_the_load_the_heavy_one_left(tiny_mode
     assert fresh[0] == shared[0]
     assert (fresh[1]["ttft_p50"], fresh[1]["ttft_p99"]) == (3.0, 4.0)  # one prompt a step
     assert (shared[1]["ttft_p50"], shared[1]["ttft_p99"]) == (1.0, 1.0)  # all four in the first step
+
+
+def test_the_simulated_scheduler_admits_in_the_servers_order(tiny_models):
+    """Six prompts of 4-40 tokens sent at once under a 16-token budget, one token each: with --schedule-policy sjf
+    the median first token comes sooner than in arrival order, and the last one (all the prompt tokens computed) at
+    the same time."""
+    path = tiny_models["qwen3"]
+    args = Namespace(seed=0, prompt_len=(4, 40), rounds=1, max_tokens=1, prefill_error=1.0, admit_ms=0.0,
+                     one_server=False)
+    fcfs, sjf = (next(run_levels(path, parse_args(["--model", path, "--device", "cpu", "--max-num-batched-tokens",
+                                                   "16", "--schedule-policy", order]).engine, ONE_MS, [6], args))
+                 for order in ("fcfs", "sjf"))
+    assert sjf["ttft_p50"] < fcfs["ttft_p50"]
+    assert sjf["ttft_p99"] == fcfs["ttft_p99"] and sjf["tok_s"] == fcfs["tok_s"]
