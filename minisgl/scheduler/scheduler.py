@@ -257,24 +257,23 @@ class Scheduler:
     def _next_batch(self) -> Batch | None:
         """The next batch, its requests' bookkeeping advanced as if it had run, its page-table entries sent.
 
-        Decode first, then fill: every running request that has only its last token to compute gets one
-        token, and prefill chunks (running requests' unfinished prompts first, then admissions in FIFO
-        order) fill what is left of ONE token budget per step, in the same batch (Sarathi-Serve's stall-free
-        batching, vLLM's chunked prefill). The trade-off is the budget's size: a step costs about its token
-        count once past a few thousand tokens, so a running stream's inter-token gap is at most one
-        budget-sized step (prefill-first makes it wait behind every chunk of every prompt that arrives),
-        while a prompt needs about `len / budget` steps to its first token, so a smaller budget raises TTFT
-        in bursts. `max_prefill_tokens` (--max-num-batched-tokens) is that budget, decodes included; decodes
-        are never dropped to respect it, so a step exceeds it only when more requests decode than it holds.
-        A step without prefill tokens is a pure decode and replays a CUDA graph; one with prefill tokens
-        replays a whole-step graph (engine/whole_graph.py; piecewise graphs around eager attention when the
-        figures below were measured). Hence the server's default
-        of 8192 (vLLM's for its API server; offline benchmarks use 16384): measured on an H100 with the pieces,
-        2048 and 4096 lowered the ITL p99 only at 256 streams (96 -> 61 / 79 ms on qwen3-0.6b) and raised its
-        TTFT p99 1.5-2.1x and cut its throughput by 11-20% (docs/benchmarks.md, 2026-11-25). A fixed token budget
-        cannot serve both ends, since what a token costs depends on what else the step holds and a percentile
-        counts stalls; `_prefill_room` therefore sizes the chunks beside decodes by the stalls each stream has
-        left, and by time under a backlog."""
+        Decode first, then fill: every running request that has only its last token to compute gets one token, and
+        prefill chunks (running requests' unfinished prompts first, then admissions in arrival order, or shortest
+        first: `_fill`) fill what is left of ONE token budget per step, in the same batch (Sarathi-Serve's
+        stall-free batching, vLLM's chunked prefill). The trade-off is the budget's size: a step costs about its
+        token count once past a few thousand tokens, so a running stream's inter-token gap is at most one
+        budget-sized step (prefill-first makes it wait behind every chunk of every prompt that arrives), while a
+        prompt needs about `len / budget` steps to its first token, so a smaller budget raises TTFT in bursts.
+        `max_prefill_tokens` (--max-num-batched-tokens) is that budget, decodes included; decodes are never dropped
+        to respect it, so a step exceeds it only when more requests decode than it holds. A step without prefill
+        tokens is a pure decode and replays a CUDA graph; one with prefill tokens replays a whole-step graph
+        (engine/whole_graph.py; piecewise graphs around eager attention when the figures below were measured). Hence
+        the server's default of 8192 (vLLM's for its API server; offline benchmarks use 16384): measured on an H100
+        with the pieces, 2048 and 4096 lowered the ITL p99 only at 256 streams (96 -> 61 / 79 ms on qwen3-0.6b) and
+        raised its TTFT p99 1.5-2.1x and cut its throughput by 11-20% (docs/benchmarks.md, 2026-11-25). A fixed
+        token budget cannot serve both ends, since what a token costs depends on what else the step holds and a
+        percentile counts stalls; `_prefill_room` therefore sizes the chunks beside decodes by the stalls each
+        stream has left, and by time under a backlog."""
         self.steps += 1
         reqs, lens = self._decodes()
         self._fill(reqs, lens, self._prefill_room(reqs))
