@@ -393,7 +393,7 @@ class Scheduler:
                 reqs.append(req)
                 lens.append(n)
                 budget -= n
-        if self.shortest_first and budget > 0 and len(self.waiting) > 1:
+        if self.shortest_first and budget > 0 and len(self.waiting) > 1 and len(self.running) < self.max_running:
             self._order_waiting()
         while self.waiting and budget > 0 and len(self.running) < self.max_running:
             req = self.waiting[0]
