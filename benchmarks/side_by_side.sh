@@ -11,6 +11,8 @@
 # server packages in $HOME/site (the .whl folder, as benchmarks/gpu_check.sh installs it). LEVELS and ROUNDS
 # are online.py's --levels and --rounds (default 1,16,64,256 and 2), REPEATS its --repeats (runs of each level on one
 # server, each with prompts of its own, and a row of their medians; default 1); SPEC_TIMEOUT bounds each spec (300 s).
+# Last, benchmarks/ab_table.py's table of all the servers so far in $OUT: for an A/B, list the specs alternated
+# (A B A B) and read it server by server.
 # TRACE=1 adds, for each minisgl spec, the TTFT stage table of benchmarks/ttft_trace.py and the long inter-token
 # gaps' table of benchmarks/itl_trace.py (the server's trace and the client's timestamps, kept in the logs).
 set -uo pipefail
@@ -44,4 +46,5 @@ for spec in "$@"; do
     fi
   } 2>&1 | tee -a "$out/tables.md"
 done
+[ -f "$out/online.jsonl" ] && python3 benchmarks/ab_table.py "$out/online.jsonl" | tee -a "$out/tables.md"  # the A/B
 tar -czf "$out/logs.tar.gz" -C "$logs" .
