@@ -12,7 +12,8 @@ cost model gives it (engine/step_cost.py): `--cost` is a file holding the "step 
 logs at start-up (benchmarks/step_costs/ keeps some). The client is online.py's closed loop: N streams start
 together, each sends `--rounds` requests of 256-1024 random prompt tokens and 256 output tokens (ignore_eos),
 the next as soon as the previous ends; the API process admits them one at a time (`--admit-ms` each), so a round
-that starts together reaches the scheduler over several ticks, as on a server.
+that starts together reaches the scheduler over several ticks, as on a server. The last column splits the mean
+TTFT as online.py's server columns do: sent to first scheduled (queue), then to the first token (prefill).
 
 What the model leaves out, so compare policies with each other and confirm a winner on the GPU: the rest of the
 host's time (the detokenizer, streaming out, building and enqueuing steps), overlap scheduling (off here: each step
@@ -85,7 +86,7 @@ def simulate(llm: LLM, cost: StepCost, streams: int, a: argparse.Namespace) -> d
         return ForwardedStep(batch, torch.zeros(len(batch.reqs), vocab), [])
 
     llm.engine.forward = modelled
-    stream_of, arrived, tokens_at = {}, {}, {}
+    stream_of, arrived, scheduled, tokens_at = {}, {}, {}, {}  # by rid: sent, first in a step, each token's time
     clock, rid, admitted = 0.0, 0, 0.0
     pending: list[tuple[float, AddReq]] = []  # (when it reaches the scheduler, the message), in that order
 
@@ -107,6 +108,8 @@ def simulate(llm: LLM, cost: StepCost, streams: int, a: argparse.Namespace) -> d
             llm.scheduler.tick([message for _, message in pending[:due]])
             del pending[:due]
             for batch in launched:
+                for req in batch.reqs:
+                    scheduled.setdefault(req.rid, clock)
                 clock += cost.batch_ms(batch) * (a.prefill_error if batch.decodes < len(batch.reqs) else 1.0)
             launched.clear()
             progressed, finished = llm.scheduler.take_outputs()
@@ -118,11 +121,13 @@ def simulate(llm: LLM, cost: StepCost, streams: int, a: argparse.Namespace) -> d
     finally:
         llm.engine.forward = forward
     ttft = [times[0] - arrived[r] for r, times in tokens_at.items() if times]
+    queue = [scheduled[r] - arrived[r] for r, times in tokens_at.items() if times]  # the server's queue time
     itl = [b - a_ for times in tokens_at.values() for a_, b in zip(times, times[1:])]
     total, itl_p50 = sum(len(times) for times in tokens_at.values()), percentile(itl, 50)
     return {"streams": streams, "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
             "itl_p50": itl_p50, "itl_p99": percentile(itl, 99),
-            "long_share": sum(g > 2 * itl_p50 for g in itl) / max(len(itl), 1), "tok_s": 1000 * total / clock}
+            "long_share": sum(g > 2 * itl_p50 for g in itl) / max(len(itl), 1), "tok_s": 1000 * total / clock,
+            "queue_mean": sum(queue) / len(queue), "prefill_mean": (sum(ttft) - sum(queue)) / len(ttft)}
 
 
 def run_levels(path: str, server: EngineArgs, cost: StepCost, levels: list[int],
@@ -164,14 +169,15 @@ def main() -> None:
     a.prompt_len = tuple(int(x) for x in a.prompt_len.split(","))
     levels = [int(x) for x in a.levels.split(",")]
     cost = read_cost(a.cost)
-    lines = ["| streams | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | gaps over 2x ITL p50 | output tok/s |",
-             "|---|---|---|---|---|"]
+    lines = ["| streams | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | gaps over 2x ITL p50 | output tok/s | "
+             "queue / prefill mean (ms) |", "|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
         path = make_tiny_model(Path(tmp) / "tiny", "qwen3")
         server = parse_args(["--model", str(path), "--device", "cpu", *a.server_args.split()]).engine
         for r in run_levels(str(path), server, cost, levels, a):
             lines.append(f"| {r['streams']} | {r['ttft_p50']:.1f} / {r['ttft_p99']:.1f} | {r['itl_p50']:.2f} / "
-                         f"{r['itl_p99']:.2f} | {100 * r['long_share']:.1f}% | {r['tok_s']:,.0f} |")
+                         f"{r['itl_p99']:.2f} | {100 * r['long_share']:.1f}% | {r['tok_s']:,.0f} | "
+                         f"{r['queue_mean']:.1f} / {r['prefill_mean']:.1f} |")
             print(lines[-1], flush=True)
     print("\n".join(lines))
 

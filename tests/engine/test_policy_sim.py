@@ -39,6 +39,7 @@ def test_a_stream_of_two_requests_on_a_one_ms_step(tiny_models, prefill_error, a
               admit_ms=admit_ms)
     request_ms = admit_ms + 3 * prefill_error + 3
     assert row["ttft_p50"] == row["ttft_p99"] == admit_ms + 3 * prefill_error
+    assert (row["queue_mean"], row["prefill_mean"]) == (admit_ms, 3 * prefill_error)  # the server's two stages
     assert row["itl_p50"] == row["itl_p99"] == 1.0
     assert row["tok_s"] == pytest.approx(1000 * 8 / (2 * request_ms))
 
@@ -48,6 +49,7 @@ def test_requests_sent_together_are_admitted_one_at_a_time(tiny_models):
     the scheduler at 5 ms and has its token at 6, the second reaches an idle scheduler at 10 and has it at 11."""
     row = run(tiny_models["qwen3"], 2, prompt_len=(4, 4), rounds=1, max_tokens=1, prefill_error=1.0, admit_ms=5.0)
     assert (row["ttft_p50"], row["ttft_p99"]) == (6.0, 11.0)
+    assert (row["queue_mean"], row["prefill_mean"]) == (7.5, 1.0)  # each scheduled as it reaches the scheduler
     assert row["tok_s"] == pytest.approx(1000 * 2 / 11)
 
 
