@@ -63,7 +63,7 @@ class Scheduler:
         self.burst_split = args.burst_split
         self.shortest_first = args.schedule_policy == "sjf"
         self.steps = 0  # batches built so far: the clock that ages waiting prompts (_order_waiting)
-        self.held: deque[int] = deque(maxlen=LIGHT_LOAD_STEPS)  # with burst_split: requests held at recent steps
+        self.heavy_step = -LIGHT_LOAD_STEPS  # with burst_split: the last step with MIN_TIMED_DECODES requests held
         self.backlogged = False  # prompts pile up faster than chunks drain them (_backlogged)
         self.overlap = args.overlap_schedule
         self.eos_ids = set(engine.config.eos_token_ids)
@@ -316,8 +316,8 @@ class Scheduler:
         of chunks without that bound at twice the median TTFT. Everything here is counted in tokens or modelled
         from the start-up cost model, which every tensor-parallel rank shares, so that the ranks agree."""
         room, cost = self.max_prefill_tokens - len(decodes), self.engine.step_cost
-        if self.burst_split:
-            self.held.append(len(self.running) + len(self.waiting))
+        if self.burst_split and len(self.running) + len(self.waiting) >= MIN_TIMED_DECODES:
+            self.heavy_step = self.steps
         if room <= PREFILL_FLOOR:
             return room
         if len(decodes) < MIN_TIMED_DECODES:
@@ -365,7 +365,8 @@ class Scheduler:
         still arriving (the API admits a request every ~0.7 ms, so fewer are held at first) it raised qwen3-30b-a3b's
         64-stream TTFT p50 by 8-27% on an H100; the window of steps remembers the load from one round to the next.
         Counted in requests and tokens, so tensor-parallel ranks agree."""
-        return max(self.held) < MIN_TIMED_DECODES and self._prompt_backlog() <= 2 * self.max_prefill_tokens
+        return (self.steps - self.heavy_step >= LIGHT_LOAD_STEPS
+                and self._prompt_backlog() <= 2 * self.max_prefill_tokens)
 
     def _prompt_backlog(self) -> int:
         """Prompt tokens not computed yet: the running requests' unfinished prompts and the waiting ones'."""
