@@ -41,7 +41,7 @@ class EngineArgs:
     # Scheduler._light_burst): --burst-split, off by default
     burst_split: bool = False
     # the order waiting prompts are admitted in: fcfs (arrival) or sjf (shortest prompt first, aged; see
-    # Scheduler._order_waiting): --schedule-policy, arrival order by default
+    # Scheduler._order_waiting). Arrival order offline; the server's --schedule-policy defaults to sjf
     schedule_policy: str = "fcfs"
     tokenizer: str | None = None  # a directory or Hub id; None: the model's own (the grammar compiler loads it)
     trust_remote_code: bool = False  # the tokenizer may run its own code

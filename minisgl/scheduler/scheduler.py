@@ -310,11 +310,14 @@ class Scheduler:
         Why not always: small chunks drain a pile of prompts slowly, so its requests wait (TTFT) and decode late
         (throughput). When draining the waiting prompt tokens in chunks would take longer than DRAIN_MS (qwen3-8b's
         ~40,000 tokens take ~1.5 s, qwen3-0.6b's ~0.2 s), or the decode step is long anyway (beyond
-        MAX_CHUNKED_DECODES), the step is bounded by time instead, as vLLM's budget is by tokens: K = 4 kept
-        qwen3-0.6b's TTFT / ITL p99 at 256 streams at 630 / 28 ms on an H200 (K = 2 against 3 raised qwen3-8b's
-        TTFT p99 there from 5.2 to 6.3 s), and the simulator (benchmarks/policy_sim.py) put the 256-stream cells
-        of chunks without that bound at twice the median TTFT. Everything here is counted in tokens or modelled
-        from the start-up cost model, which every tensor-parallel rank shares, so that the ranks agree."""
+        MAX_CHUNKED_DECODES), the step is bounded by time instead, as vLLM's budget is by tokens. The server's K
+        is 3: beside shortest-first admission (`_order_waiting`) it paid back the stalls that earlier first tokens
+        cost (H100, 64 streams: qwen3-8b ITL p99 38-40 ms, against 43-45 with K = 4), and at 256 streams it cut
+        the ITL p99 by ~20% (qwen3-30b-a3b 96-103 against 124-127 ms) for a TTFT p50 11-18% higher and ~1% of
+        the throughput; K = 2 against 3 raised qwen3-8b's TTFT p99 from 5.2 to 6.3 s (H200). The simulator
+        (benchmarks/policy_sim.py) put the 256-stream cells of chunks without that bound at twice the median
+        TTFT. Everything here is counted in tokens or modelled from the start-up cost model, which every
+        tensor-parallel rank shares, so that the ranks agree."""
         room, cost = self.max_prefill_tokens - len(decodes), self.engine.step_cost
         if self.burst_split and len(self.running) + len(self.waiting) >= MIN_TIMED_DECODES:
             self.heavy_step = self.steps
@@ -419,12 +422,15 @@ class Scheduler:
 
         Why: beside 32 or more decodes a burst of prompts comes in a chunk at a time over many steps, whatever their
         order, and each prompt's first token waits for the prompts admitted before it; short ones first, fewer
-        tokens stand before the median one (qwen3-8b at 64 streams on an H100: TTFT p50 341-365 ms against 433-515).
-        The price: the first tokens come sooner, so more streams decode while the longer prompts are chunked in, and
-        stall (there: inter-token p99 43-45 against 36-37 ms; the simulator models the extra stalls too). Hence
-        opt-in. Why the age: by length alone a long prompt can be overtaken by every shorter one that arrives after
-        it (policy simulator, qwen3-0.6b at 64 streams: TTFT p99 +65% without the age, +21% with it); after
-        AGED_STEPS steps it keeps its place. Counted in steps, so tensor-parallel ranks agree."""
+        tokens stand before the median one (64 streams on an H100, with the server's K = 3: TTFT p50 qwen3-8b
+        358-389 ms against 439-512, qwen3-30b-a3b 270-291 against 311-365). The price: the first tokens come
+        sooner, so more streams decode while the longer prompts are chunked in, and stall (with K = 4, qwen3-8b's
+        inter-token p99 43-45 against 36-37 ms; K = 3 pays that back, not qwen3-30b-a3b's: 73-74 against 52-81),
+        and the longest prompts wait a little longer (TTFT p99 +2-10%). The server's default; fcfs offline, where
+        no one waits for a first token. Why the age: by length alone a long prompt can be overtaken by every
+        shorter one that arrives after it (policy simulator, qwen3-0.6b at 64 streams: TTFT p99 +65% without the
+        age, +21% with it); after AGED_STEPS steps it keeps its place. Counted in steps, so tensor-parallel ranks
+        agree."""
         def key(req: Req) -> tuple[int, int]:
             if req.output_ids:  # retracted: back first, in the order retraction left them
                 return 0, 0

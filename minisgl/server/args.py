@@ -149,23 +149,23 @@ def build_parser() -> argparse.ArgumentParser:
                         help="--piecewise-cuda-graph-max-tokens 0")
     accepted(engine, "--enable-piecewise-cuda-graph", by="SGLang's",
              does="CUDA graphs for steps with prefill tokens are on unless --disable-piecewise-cuda-graph")
-    engine.add_argument("--max-mixed-step-ratio", type=float, default=4.0,
+    engine.add_argument("--max-mixed-step-ratio", type=float, default=3.0,
                         help="beside 32 or more running decodes, prompts come in chunks of 1,024 tokens (the whole "
                              "budget when every decoding stream has a stall left: one at admission, one per 100 "
                              "tokens); while the waiting prompts would take over 300 ms to drain that way, or beside "
                              "more than 160 decodes, a mixed step instead costs at most this multiple of the decode "
                              "step alone, by a model of the device's step time measured at start-up (CUDA); 0: only "
-                             "the token budget bounds the chunks (default: 4)")
+                             "the token budget bounds the chunks (default: 3)")
     engine.add_argument("--burst-split", action="store_true",
                         help="under a light load (fewer than 32 requests held over the last 512 steps), compute a "
                              "burst of prompts of at most two token budgets in steps of 3,072 tokens, so the first "
                              "of them get their first tokens sooner: a burst's median TTFT for a few more stalls of "
                              "the running streams (off by default)")
-    engine.add_argument("--schedule-policy", "--scheduling-policy", choices=["fcfs", "sjf"], default="fcfs",
-                        help="the order waiting prompts are admitted in: fcfs, arrival order (default); sjf, shortest "
-                             "prompt first, except that one waiting 16 steps keeps its place: a burst's median TTFT "
-                             "for more stalls of the running streams (SGLang's and vLLM's spellings; their other "
-                             "policies are not served)")
+    engine.add_argument("--schedule-policy", "--scheduling-policy", choices=["fcfs", "sjf"], default="sjf",
+                        help="the order waiting prompts are admitted in: sjf, shortest prompt first, except that one "
+                             "waiting 16 steps keeps its place (default: a loaded server's median TTFT, for a few "
+                             "percent of its TTFT p99); fcfs, arrival order (SGLang's and vLLM's spellings; their "
+                             "other policies are not served)")
     engine.add_argument("--disable-overlap-schedule", "--no-async-scheduling", action="store_true",
                         help="run each step to completion before scheduling the next (overlap is on by default; "
                              "vLLM calls it async scheduling)")

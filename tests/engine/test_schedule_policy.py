@@ -105,11 +105,12 @@ def test_retracted_requests_then_aged_prompts_then_the_shortest(tiny_models):
         llm.shutdown()
 
 
-def test_the_policy_is_a_server_flag_arrival_order_by_default(tiny_models):
+def test_the_policy_is_a_server_flag_shortest_first_on_a_server_arrival_order_offline(tiny_models):
     base = ["--model", tiny_models["qwen3"], "--device", "cpu"]
-    assert parse_args(base).engine.schedule_policy == "fcfs" == EngineArgs(tiny_models["qwen3"]).schedule_policy
-    assert parse_args(base + ["--schedule-policy", "sjf"]).engine.schedule_policy == "sjf"
-    assert parse_args(base + ["--scheduling-policy", "sjf"]).engine.schedule_policy == "sjf"  # vLLM's spelling
+    assert parse_args(base).engine.schedule_policy == "sjf"
+    assert EngineArgs(tiny_models["qwen3"]).schedule_policy == "fcfs"
+    assert parse_args(base + ["--schedule-policy", "fcfs"]).engine.schedule_policy == "fcfs"
+    assert parse_args(base + ["--scheduling-policy", "fcfs"]).engine.schedule_policy == "fcfs"  # vLLM's spelling
     with pytest.raises(SystemExit):
         parse_args(base + ["--schedule-policy", "lpm"])  # SGLang's default, not served: a usage error
     with pytest.raises(ValueError, match="schedule_policy"):

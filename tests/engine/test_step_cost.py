@@ -50,9 +50,9 @@ def test_bursts_are_cut_only_when_asked(tiny_models):
     assert not EngineArgs(tiny_models["qwen3"]).burst_split
 
 
-def test_the_server_bounds_mixed_steps_at_four_decode_steps_under_a_backlog_unless_told(tiny_models):
+def test_the_server_bounds_mixed_steps_at_three_decode_steps_under_a_backlog_unless_told(tiny_models):
     base = ["--model", tiny_models["qwen3"], "--device", "cpu"]
-    assert parse_args(base).engine.max_mixed_step_ratio == 4.0
+    assert parse_args(base).engine.max_mixed_step_ratio == 3.0
     assert parse_args(base + ["--max-mixed-step-ratio", "0"]).engine.max_mixed_step_ratio == 0
     assert EngineArgs(tiny_models["qwen3"]).max_mixed_step_ratio == 0  # offline: throughput first
     with pytest.raises(ValueError, match="max_mixed_step_ratio"):
