@@ -9,7 +9,10 @@ Linux. `StepTrace` writes FILE on the scheduler's TP leader, one JSON line per t
   difference is the time it blocked on the device), `tick_s` (the tick's end); on a server, a line `{"sent": T}`
   follows when the tick had outputs: when they were handed to the detokenizer's socket; `gc_ms` and `gc_gen`:
   the time Python's cyclic garbage collector ran in the tick (a pause of the host wherever it struck) and the
-  oldest generation it collected (-1: none); `allocator` (CUDA only): what PyTorch's caching allocator did since
+  oldest generation it collected (-1: none); `cpu_ms`: since the line before (idle ticks included), the CPU time
+  of the scheduler's thread, of its whole process, and the time that thread waited for a CPU (Linux's run queue,
+  /proc/thread-self/schedstat; 0 elsewhere): a tick slower than its work ran slowly, lent the GIL to another
+  thread, or waited for a core; `allocator` (CUDA only): what PyTorch's caching allocator did since
   the last line (the first line: zeros, so the warm-up is not counted), as counts of ALLOCATOR_EVENTS (a failed
   cudaMalloc retried after freeing the cache, a sync of every stream, a device allocation, a device free: the first
   two wait for the device, and a free may too);
@@ -58,6 +61,7 @@ class StepTrace:
         self.wrote = False  # a line for the last tick (so its send is worth a line)
         self.allocator: list[int] | None = None  # ALLOCATOR_EVENTS at the last line (CUDA; the first counts none)
         self.gc_began = 0.0
+        self.cpu = cpu_counters()  # at the last line's end (or an idle tick's)
         collecting = weakref.WeakMethod(self._collecting)  # a finished engine's trace is not kept alive by gc
         gc.callbacks.append(lambda phase, info: (method := collecting()) and method(phase, info))
 
@@ -114,6 +118,7 @@ class StepTrace:
     def record(self, start: float, added: list[Req], retracted: int, batch: Batch | None, got: list[Req]) -> None:
         """The tick's line; `got`: the requests that got a token in it."""
         tick, self.tick = self.tick, {}
+        cpu, self.cpu = self.cpu, cpu_counters()
         self.wrote = bool(added or batch or "read" in tick)
         if not self.wrote:  # an idle tick
             return
@@ -133,6 +138,7 @@ class StepTrace:
             "read": tick.get("read"), "device_ms": tick.get("device_ms"),
             "got": [r.rid for r in got], "first": [r.rid for r in got if len(r.output_ids) == 1],
             "gc_ms": round(tick.get("gc_ms", 0.0), 3), "gc_gen": tick.get("gc_gen", -1),
+            "cpu_ms": [round(1000 * (now - then), 3) for now, then in zip(self.cpu, cpu)],
             "allocator": [now - then for now, then in zip(allocator, before)] if allocator is not None else None})
 
     def sent(self) -> None:
@@ -140,6 +146,17 @@ class StepTrace:
         them comes later)."""
         if self.wrote:
             write_line(self.file, {"sent": round(time.monotonic(), 6)})
+
+
+def cpu_counters() -> tuple[float, float, float]:
+    """Seconds so far: this thread's CPU time, its process's (every thread's), and this thread's wait in the run
+    queue (Linux; 0.0 elsewhere)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            waited = int(f.read().split()[1]) / 1e9
+    except OSError:
+        waited = 0.0
+    return time.thread_time(), time.process_time(), waited
 
 
 class MessageTrace:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -153,6 +155,47 @@ def test_trace_puts_a_garbage_collection_in_the_tick_it_paused(tiny_models, tmp_
     collected = [t for t in ticks if t["gc_gen"] == 2]
     assert len(ticks) == len(steps) and [t["step"] for t in collected] == [steps[2]]
     assert collected[0]["gc_ms"] > 0
+
+
+def test_trace_tells_a_tick_that_computed_from_one_that_waited(tiny_models, tmp_path, monkeypatch):
+    """`cpu_ms` (the scheduler thread's CPU, its process's, its run-queue wait): a step whose enqueue spins the
+    CPU for 30 ms shows ~30 ms of thread CPU in its tick, and one whose enqueue sleeps 30 ms almost none; a
+    busy second thread shows in the process's CPU only."""
+    from minisgl.engine.engine import Engine
+
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("MINISGL_STEP_TRACE", str(path))
+    llm = LLM(tiny_models["qwen3"], device=DEVICE, dtype="float32", num_pages=1024, cuda_graph_max_bs=8)
+    forward, steps = Engine.forward, []
+
+    def spin(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    def forward_spinning_then_sleeping(engine, batch):
+        steps.append(llm.scheduler.trace.steps - 1)
+        if len(steps) == 2:
+            spin(0.03)
+        elif len(steps) == 4:
+            time.sleep(0.03)
+        elif len(steps) == 6:
+            worker = threading.Thread(target=spin, args=(0.03,))
+            worker.start()
+            worker.join()
+        return forward(engine, batch)
+
+    monkeypatch.setattr(Engine, "forward", forward_spinning_then_sleeping)
+    try:
+        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=8, ignore_eos=True))
+    finally:
+        llm.shutdown()
+    ticks = {t["step"]: t for t in map(json.loads, path.read_text().splitlines()) if t.get("step") in steps}
+    spun, slept, lent = (ticks[steps[k]]["cpu_ms"] for k in (1, 3, 5))
+    assert spun[0] >= 25 and spun[1] >= spun[0]
+    assert slept[0] < 10 and ticks[steps[3]]["tick_s"] >= 0.025
+    assert lent[0] < 10 and lent[1] >= 25
+    assert all(len(t["cpu_ms"]) == 3 and min(t["cpu_ms"]) >= 0 for t in ticks.values())
 
 
 def test_trace_counts_the_caching_allocators_device_calls_in_their_tick(tiny_models, tmp_path, monkeypatch):
