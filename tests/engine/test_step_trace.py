@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -123,11 +124,10 @@ def test_itl_trace_places_a_client_delay_and_the_mixed_steps(tiny_models, tmp_pa
     assert "| to_client | 5000.00 | " in table and table.split("| to_client |")[1].split("\n")[0].endswith("| 1 |")
 
 
-def test_trace_puts_a_garbage_collection_in_the_tick_it_paused(tiny_models, tmp_path, monkeypatch):
-    """A full collection forced while one step is enqueued shows in that step's tick, with its generation and
-    time, and in no other (automatic collection is off meanwhile; a young-generation one may still run)."""
-    import gc
-
+def ticks_with(tiny_models, tmp_path, monkeypatch, actions: dict[int, Callable[[], None]],
+               max_tokens: int) -> list[dict]:
+    """The trace lines of one request's steps, in order, with `actions[k]` run inside the k-th step's enqueue
+    (1-based): what it does to the host shows in that step's tick."""
     from minisgl.engine.engine import Engine
 
     path = tmp_path / "trace.jsonl"
@@ -135,67 +135,56 @@ def test_trace_puts_a_garbage_collection_in_the_tick_it_paused(tiny_models, tmp_
     llm = LLM(tiny_models["qwen3"], device=DEVICE, dtype="float32", num_pages=1024, cuda_graph_max_bs=8)
     forward, steps = Engine.forward, []
 
-    def forward_collecting_once(engine, batch):
+    def forward_acting(engine, batch):
         steps.append(llm.scheduler.trace.steps - 1)  # the trace numbered this step just before
-        if len(steps) == 3:
-            gc.collect()
+        actions.get(len(steps), lambda: None)()
         return forward(engine, batch)
 
-    monkeypatch.setattr(Engine, "forward", forward_collecting_once)
+    monkeypatch.setattr(Engine, "forward", forward_acting)
+    try:
+        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    finally:
+        llm.shutdown()
+    by_step = {t["step"]: t for t in map(json.loads, path.read_text().splitlines()) if t.get("step") in steps}
+    return [by_step[step] for step in steps]  # this generate's, not the warm-up's
+
+
+def test_trace_puts_a_garbage_collection_in_the_tick_it_paused(tiny_models, tmp_path, monkeypatch):
+    """A full collection forced while one step is enqueued shows in that step's tick, with its generation and
+    time, and in no other (automatic collection is off meanwhile; a young-generation one may still run)."""
+    import gc
+
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=6, ignore_eos=True))
+        ticks = ticks_with(tiny_models, tmp_path, monkeypatch, {3: gc.collect}, max_tokens=6)
     finally:
         if was_enabled:
             gc.enable()
-        llm.shutdown()
-    ticks = [json.loads(line) for line in path.read_text().splitlines() if '"step"' in line]
-    ticks = [t for t in ticks if t["step"] in steps]  # this generate's, not the warm-up's
-    collected = [t for t in ticks if t["gc_gen"] == 2]
-    assert len(ticks) == len(steps) and [t["step"] for t in collected] == [steps[2]]
-    assert collected[0]["gc_ms"] > 0
+    assert [k for k, t in enumerate(ticks) if t["gc_gen"] == 2] == [2] and ticks[2]["gc_ms"] > 0
 
 
 def test_trace_tells_a_tick_that_computed_from_one_that_waited(tiny_models, tmp_path, monkeypatch):
     """`cpu_ms` (the scheduler thread's CPU, its process's, its run-queue wait): a step whose enqueue spins the
     CPU for 30 ms shows ~30 ms of thread CPU in its tick, and one whose enqueue sleeps 30 ms almost none; a
     busy second thread shows in the process's CPU only."""
-    from minisgl.engine.engine import Engine
-
-    path = tmp_path / "trace.jsonl"
-    monkeypatch.setenv("MINISGL_STEP_TRACE", str(path))
-    llm = LLM(tiny_models["qwen3"], device=DEVICE, dtype="float32", num_pages=1024, cuda_graph_max_bs=8)
-    forward, steps = Engine.forward, []
-
-    def spin(seconds: float) -> None:
+    def spin(seconds: float = 0.03) -> None:
         end = time.thread_time() + seconds
         while time.thread_time() < end:
             pass
 
-    def forward_spinning_then_sleeping(engine, batch):
-        steps.append(llm.scheduler.trace.steps - 1)
-        if len(steps) == 2:
-            spin(0.03)
-        elif len(steps) == 4:
-            time.sleep(0.03)
-        elif len(steps) == 6:
-            worker = threading.Thread(target=spin, args=(0.03,))
-            worker.start()
-            worker.join()
-        return forward(engine, batch)
+    def spin_in_a_thread() -> None:
+        worker = threading.Thread(target=spin)
+        worker.start()
+        worker.join()
 
-    monkeypatch.setattr(Engine, "forward", forward_spinning_then_sleeping)
-    try:
-        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=8, ignore_eos=True))
-    finally:
-        llm.shutdown()
-    ticks = {t["step"]: t for t in map(json.loads, path.read_text().splitlines()) if t.get("step") in steps}
-    spun, slept, lent = (ticks[steps[k]]["cpu_ms"] for k in (1, 3, 5))
+    ticks = ticks_with(tiny_models, tmp_path, monkeypatch, {2: spin, 4: lambda: time.sleep(0.03), 6: spin_in_a_thread},
+                       max_tokens=8)
+    spun, slept, lent = (ticks[k]["cpu_ms"] for k in (1, 3, 5))
     assert spun[0] >= 25 and spun[1] >= spun[0]
-    assert slept[0] < 10 and ticks[steps[3]]["tick_s"] >= 0.025
+    assert slept[0] < 10 and ticks[3]["tick_s"] >= 0.025
     assert lent[0] < 10 and lent[1] >= 25
-    assert all(len(t["cpu_ms"]) == 3 and min(t["cpu_ms"]) >= 0 for t in ticks.values())
+    assert all(len(t["cpu_ms"]) == 3 and min(t["cpu_ms"]) >= 0 for t in ticks)
 
 
 def test_trace_counts_the_caching_allocators_device_calls_in_their_tick(tiny_models, tmp_path, monkeypatch):
@@ -203,33 +192,19 @@ def test_trace_counts_the_caching_allocators_device_calls_in_their_tick(tiny_mod
     tick (`allocator`: retries, stream syncs, device allocations, device frees); on the CPU there is none to count."""
     import torch
 
-    from minisgl.engine.engine import Engine
+    kept = []
 
-    path = tmp_path / "trace.jsonl"
-    monkeypatch.setenv("MINISGL_STEP_TRACE", str(path))
-    llm = LLM(tiny_models["qwen3"], device=DEVICE, dtype="float32", num_pages=1024, cuda_graph_max_bs=8)
-    forward, steps, kept = Engine.forward, [], []
-
-    def forward_allocating_once(engine, batch):
-        steps.append(llm.scheduler.trace.steps - 1)
-        if len(steps) == 3 and DEVICE != "cpu":
+    def allocate() -> None:
+        if DEVICE != "cpu":
             torch.cuda.empty_cache()  # nothing cached to serve it: a device allocation of its own
             kept.append(torch.empty(96 << 20, dtype=torch.uint8, device=DEVICE))
-        return forward(engine, batch)
 
-    monkeypatch.setattr(Engine, "forward", forward_allocating_once)
-    try:
-        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=6, ignore_eos=True))
-    finally:
-        llm.shutdown()
-    ticks = [json.loads(line) for line in path.read_text().splitlines() if '"step"' in line]
-    ticks = [t for t in ticks if t["step"] in steps]
-    assert len(ticks) == len(steps) >= 3
+    ticks = ticks_with(tiny_models, tmp_path, monkeypatch, {3: allocate}, max_tokens=6)
+    assert len(ticks) >= 3
     if DEVICE == "cpu":
         assert all(t["allocator"] is None for t in ticks)
     else:
-        forced = next(t for t in ticks if t["step"] == steps[2])
-        assert len(forced["allocator"]) == 4 and forced["allocator"][2] >= 1
+        assert len(ticks[2]["allocator"]) == 4 and ticks[2]["allocator"][2] >= 1
         assert all(n >= 0 for t in ticks for n in t["allocator"])
 
 
