@@ -2,7 +2,7 @@
 percentiles at 16-256 streams, in seconds and without a GPU.
 
     python benchmarks/policy_sim.py --cost benchmarks/step_costs/qwen3-0.6b-h100.txt --levels 16,64,256 \
-        [--server-args "--max-mixed-step-ratio 3 --max-num-batched-tokens 4096"] [--prefill-error 1.3] [--one-server]
+        [--server-args "--max-mixed-step-ratio 4 --max-num-batched-tokens 4096"] [--prefill-error 1.1] [--one-server]
 
 Why: the tails depend on how a wave of prompts is cut into steps beside the running decodes, and a GPU A/B of
 one level costs minutes of a scarce machine while its runs vary by 10-20%. Here the real Scheduler decides
@@ -14,20 +14,27 @@ together, each sends `--rounds` requests of 256-1024 random prompt tokens and 25
 the next as soon as the previous ends; the API process admits them one at a time (`--admit-ms` each), so a round
 that starts together reaches the scheduler over several ticks, as on a server. The last column splits the mean
 TTFT as online.py's server columns do: sent to first scheduled (queue), then to the first token (prefill).
+Overlap scheduling runs as the server's flags set it (on by default): a tick builds the next step while the one
+before still runs on the device and reads that one after, so a step is scheduled a step's time before it starts.
 
 What the model leaves out, so compare policies with each other and confirm a winner on the GPU: the rest of the
-host's time (the detokenizer, streaming out, building and enqueuing steps), overlap scheduling (off here: each step
-is read as it ends), and the model's own error: on an H100 decode steps took 1.03-1.06x the model, steps with
-prefill tokens 1.2-1.8x (`--prefill-error` scales the latter). Checked against an H100 (docs/benchmarks.md,
-2026-11-27 sessions 10 and 11): qwen3-0.6b at 64 streams, the earlier policy's ITL p99 12.5 ms here against
-9.2-13.4 measured, and today's (stall credits, session 11) 5.9 here against 6.1-8.0; TTFTs came out 20-40% low
-until the API's admissions were modelled (session 12, 64 streams, TTFT p50 here against served: qwen3-0.6b 64 / 74-81
-ms, qwen3-8b 514 / 476-511, qwen3-30b-a3b 328 / 308-311). It also mis-ranks: pausing the decodes for a whole
-burst modelled 3.6 ms and measured no better than the policy it replaced (the host's gaps, which it leaves out,
-then set the p99); and sending each round at once (before `--admit-ms`), it modelled cutting an idle server's burst
-in two as qwen3-8b's 16-stream TTFT p50 235 -> 172 ms, where the H100 measured no gain (session 12): admitted one
-at a time, the burst never waits whole, and the model now agrees. The model is also the clock here, so compare
-policies on one model file, never figures across files.
+host's time (the detokenizer, streaming out, building and enqueuing steps) and the model's own error: on an H100
+decode steps took 1.00-1.06x the model, steps with prefill tokens 1.04-1.13x (session 15's traces; 1.2-1.8x before
+session 8's tiles; `--prefill-error` scales them). With overlap and 1.1, qwen3-30b-a3b at 64 streams (session 15,
+TTFT p50 / p99, ITL p99 ms, queue / prefill mean ms, here against served): sjf with K 3 255 / 737, 71.9, 162 / 149
+against 270-291 / 731-747, 73-74, 139-152 / 153-161; fcfs with K 4 330 / 659, 79.3, 157 / 180 against 311-365 /
+675-707, 52-81, 133-157 / 173-197. Without overlap its queue came out 236-242 ms and its prefill 108-130. qwen3-8b
+fits less well: its ITL p99 here is 29-35 ms against 38-41 served, its throughput 5% high, and sjf with K 3 gives
+the same TTFT p50 as fcfs here (423 ms) where the GPU measured 20% less. Checked against an H100
+(docs/benchmarks.md, 2026-11-27 sessions 10 and 11): qwen3-0.6b at 64 streams, the earlier policy's ITL p99 12.5 ms
+here against 9.2-13.4 measured, and today's (stall credits, session 11) 5.9 here against 6.1-8.0; TTFTs came out
+20-40% low until the API's admissions were modelled (session 12, 64 streams, TTFT p50 here against served:
+qwen3-0.6b 64 / 74-81 ms, qwen3-8b 514 / 476-511, qwen3-30b-a3b 328 / 308-311). It also mis-ranks: pausing the
+decodes for a whole burst modelled 3.6 ms and measured no better than the policy it replaced (the host's gaps, which
+it leaves out, then set the p99); and sending each round at once (before `--admit-ms`), it modelled cutting an idle
+server's burst in two as qwen3-8b's 16-stream TTFT p50 235 -> 172 ms, where the H100 measured no gain (session 12):
+admitted one at a time, the burst never waits whole, and the model now agrees. The model is also the clock here, so
+compare policies on one model file, never figures across files.
 """
 
 from __future__ import annotations
@@ -89,6 +96,7 @@ def simulate(llm: LLM, cost: StepCost, streams: int, a: argparse.Namespace) -> d
     stream_of, arrived, scheduled, tokens_at = {}, {}, {}, {}  # by rid: sent, first in a step, each token's time
     clock, rid, admitted = 0.0, 0, 0.0
     pending: list[tuple[float, AddReq]] = []  # (when it reaches the scheduler, the message), in that order
+    unread: list[float] = []  # when each step launched and not read yet ends on the device, oldest first
 
     def send(stream: int) -> None:
         """The API process admits one request at a time, `admit_ms` each, then the scheduler's next tick sees it."""
@@ -105,12 +113,16 @@ def simulate(llm: LLM, cost: StepCost, streams: int, a: argparse.Namespace) -> d
             if not llm.scheduler.has_work and pending[0][0] > clock:  # idle until the next request reaches it
                 clock = pending[0][0]
             due = sum(t <= clock for t, _ in pending)
+            reads = llm.scheduler.unread_step is not None  # with overlap, this tick reads the step launched before
             llm.scheduler.tick([message for _, message in pending[:due]])
             del pending[:due]
-            for batch in launched:
+            for batch in launched:  # built now, run once the device is free
                 for req in batch.reqs:
                     scheduled.setdefault(req.rid, clock)
-                clock += cost.batch_ms(batch) * (a.prefill_error if batch.decodes < len(batch.reqs) else 1.0)
+                ms = cost.batch_ms(batch) * (a.prefill_error if batch.decodes < len(batch.reqs) else 1.0)
+                unread.append(max(clock, unread[-1] if unread else clock) + ms)
+            if unread and (reads or not llm.scheduler.overlap):  # without overlap, the tick reads its own step
+                clock = max(clock, unread.pop(0))
             launched.clear()
             progressed, finished = llm.scheduler.take_outputs()
             for req in progressed + finished:
@@ -139,7 +151,7 @@ def run_levels(path: str, server: EngineArgs, cost: StepCost, levels: list[int],
         most = max(group)
         pool = most * (a.prompt_len[1] + a.max_tokens) + server.max_prefill_tokens
         with LLM(path, device="cpu", dtype="float32", num_pages=pool, max_running_requests=max(most, 256),
-                 max_prefill_tokens=server.max_prefill_tokens, overlap_schedule=False) as llm:
+                 max_prefill_tokens=server.max_prefill_tokens, overlap_schedule=server.overlap_schedule) as llm:
             # the server's settings that the offline LLM leaves off
             llm.scheduler.step_ratio, llm.scheduler.burst_split = server.max_mixed_step_ratio, server.burst_split
             llm.scheduler.shortest_first = server.schedule_policy == "sjf"
@@ -157,8 +169,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-args", default="", help="the server's scheduling flags, e.g. '--max-mixed-step-ratio 3 "
                    "--burst-split' (its defaults otherwise)")
-    p.add_argument("--prefill-error", type=float, default=1.3,
-                   help="a step with prefill tokens takes this multiple of the model's time (H100: 1.2-1.8)")
+    p.add_argument("--prefill-error", type=float, default=1.1,
+                   help="a step with prefill tokens takes this multiple of the model's time (H100: 1.04-1.13)")
     p.add_argument("--admit-ms", type=float, default=0.7,
                    help="the API process's time to admit one request, one at a time (CPU-measured: ~0.7 ms), so a "
                    "round's requests reach the scheduler over several ticks; 0 sends each round at once")

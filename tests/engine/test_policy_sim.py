@@ -21,9 +21,9 @@ from policy_sim import read_cost, run_levels, simulate  # noqa: E402
 ONE_MS = StepCost((1, 8192), (1.0, 1.0), 0.0)
 
 
-def run(path: str, streams: int, **args) -> dict:
+def run(path: str, streams: int, overlap: bool = False, **args) -> dict:
     """One simulated level on a fresh engine with an 8-token budget, every step 1 ms (ONE_MS)."""
-    llm = LLM(path, device="cpu", dtype="float32", num_pages=1024, max_prefill_tokens=8, overlap_schedule=False)
+    llm = LLM(path, device="cpu", dtype="float32", num_pages=1024, max_prefill_tokens=8, overlap_schedule=overlap)
     try:
         return simulate(llm, ONE_MS, streams, Namespace(seed=0, **args))
     finally:
@@ -51,6 +51,22 @@ def test_requests_sent_together_are_admitted_one_at_a_time(tiny_models):
     assert (row["ttft_p50"], row["ttft_p99"]) == (6.0, 11.0)
     assert (row["queue_mean"], row["prefill_mean"]) == (7.5, 1.0)  # each scheduled as it reaches the scheduler
     assert row["tok_s"] == pytest.approx(1000 * 2 / 11)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_with_overlap_a_step_is_built_while_the_one_before_runs(tiny_models, overlap):
+    """Two streams send 4-token prompts for two tokens each; the API admits them 0.5 ms apart, so B reaches the
+    scheduler at 1.0 ms, while A's prefill (0.5-1.5) runs. Without overlap the next step is built when A's prefill
+    is read (1.5): A's decode and B's prefill (1.5-2.5), then B's decode: first tokens at 1.5 and 2.5, the last
+    token at 3.5. With overlap the step after A's prefill was built at 0.5, before B arrived: A's decode alone
+    (1.5-2.5); B is scheduled at 1.5 and runs 2.5-3.5, its decode 3.5-4.5: first tokens at 1.5 and 3.5, B's
+    prefill stage (scheduled to first token) 2 ms, the last token at 4.5."""
+    row = run(tiny_models["qwen3"], 2, overlap, prompt_len=(4, 4), rounds=1, max_tokens=2, prefill_error=1.0,
+              admit_ms=0.5)
+    b_first, last = (3.5, 4.5) if overlap else (2.5, 3.5)
+    assert (row["ttft_p50"], row["ttft_p99"]) == (1.5, b_first)
+    assert (row["queue_mean"], row["prefill_mean"]) == (1.0, (1.0 + b_first - 1.5) / 2)
+    assert row["tok_s"] == pytest.approx(1000 * 4 / last)
 
 
 def test_the_stored_step_cost_models_read_back_whole():
