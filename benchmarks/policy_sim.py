@@ -2,7 +2,8 @@
 percentiles at 16-256 streams, in seconds and without a GPU.
 
     python benchmarks/policy_sim.py --cost benchmarks/step_costs/qwen3-0.6b-h100.txt --levels 16,64,256 \
-        [--server-args "--max-mixed-step-ratio 4 --max-num-batched-tokens 4096"] [--prefill-error 1.1] [--one-server]
+        [--server-args "--max-mixed-step-ratio 4 --max-num-batched-tokens 4096"] [--prefill-error 1.1] \
+        [--kv-tokens N] [--one-server]
 
 Why: the tails depend on how a wave of prompts is cut into steps beside the running decodes, and a GPU A/B of
 one level costs minutes of a scarce machine while its runs vary by 10-20%. Here the real Scheduler decides
@@ -23,18 +24,19 @@ decode steps took 1.00-1.06x the model, steps with prefill tokens 1.04-1.13x (se
 session 8's tiles; `--prefill-error` scales them). With overlap and 1.1, qwen3-30b-a3b at 64 streams (session 15,
 TTFT p50 / p99, ITL p99 ms, queue / prefill mean ms, here against served): sjf with K 3 255 / 737, 71.9, 162 / 149
 against 270-291 / 731-747, 73-74, 139-152 / 153-161; fcfs with K 4 330 / 659, 79.3, 157 / 180 against 311-365 /
-675-707, 52-81, 133-157 / 173-197. Without overlap its queue came out 236-242 ms and its prefill 108-130. qwen3-8b
-fits less well: its ITL p99 here is 29-35 ms against 38-41 served, its throughput 5% high, and sjf with K 3 gives
-the same TTFT p50 as fcfs here (423 ms) where the GPU measured 20% less. Checked against an H100
-(docs/benchmarks.md, 2026-11-27 sessions 10 and 11): qwen3-0.6b at 64 streams, the earlier policy's ITL p99 12.5 ms
-here against 9.2-13.4 measured, and today's (stall credits, session 11) 5.9 here against 6.1-8.0; TTFTs came out
-20-40% low until the API's admissions were modelled (session 12, 64 streams, TTFT p50 here against served:
-qwen3-0.6b 64 / 74-81 ms, qwen3-8b 514 / 476-511, qwen3-30b-a3b 328 / 308-311). It also mis-ranks: pausing the
-decodes for a whole burst modelled 3.6 ms and measured no better than the policy it replaced (the host's gaps, which
-it leaves out, then set the p99); and sending each round at once (before `--admit-ms`), it modelled cutting an idle
-server's burst in two as qwen3-8b's 16-stream TTFT p50 235 -> 172 ms, where the H100 measured no gain (session 12):
-admitted one at a time, the burst never waits whole, and the model now agrees. The model is also the clock here, so
-compare policies on one model file, never figures across files.
+675-707, 52-81, 133-157 / 173-197. Without overlap its queue came out 236-242 ms and its prefill 108-130. At 256
+streams, with `--kv-tokens 134606` (the H100 server's pool, too small for 256 streams), sjf with K 3 1,606 / 9,776,
+88.5 against 1,682-1,688 / 10,204-10,231, 95.6-102.5 served. qwen3-8b fits less well: its ITL p99 here is 29-35 ms
+against 38-41 served, its throughput 5% high, and sjf with K 3 gives the same TTFT p50 as fcfs here (423 ms) where
+the GPU measured 20% less. Checked against an H100 (docs/benchmarks.md, 2026-11-27 sessions 10 and 11): qwen3-0.6b
+at 64 streams, the earlier policy's ITL p99 12.5 ms here against 9.2-13.4 measured, and today's (stall credits,
+session 11) 5.9 here against 6.1-8.0; TTFTs came out 20-40% low until the API's admissions were modelled (session
+12, 64 streams, TTFT p50 here against served: qwen3-0.6b 64 / 74-81 ms, qwen3-8b 514 / 476-511, qwen3-30b-a3b 328 /
+308-311). It also mis-ranks: pausing the decodes for a whole burst modelled 3.6 ms and measured no better than the
+policy it replaced (the host's gaps, which it leaves out, then set the p99); and sending each round at once (before
+`--admit-ms`), it modelled cutting an idle server's burst in two as qwen3-8b's 16-stream TTFT p50 235 -> 172 ms,
+where the H100 measured no gain (session 12): admitted one at a time, the burst never waits whole, and the model now
+agrees. The model is also the clock here, so compare policies on one model file, never figures across files.
 """
 
 from __future__ import annotations
@@ -149,7 +151,7 @@ def run_levels(path: str, server: EngineArgs, cost: StepCost, levels: list[int],
     meets the next). The engines are offline ones given the server's scheduling settings."""
     for group in [levels] if a.one_server else [[streams] for streams in levels]:
         most = max(group)
-        pool = most * (a.prompt_len[1] + a.max_tokens) + server.max_prefill_tokens
+        pool = a.kv_tokens or most * (a.prompt_len[1] + a.max_tokens) + server.max_prefill_tokens
         with LLM(path, device="cpu", dtype="float32", num_pages=pool, max_running_requests=max(most, 256),
                  max_prefill_tokens=server.max_prefill_tokens, overlap_schedule=server.overlap_schedule) as llm:
             # the server's settings that the offline LLM leaves off
@@ -174,6 +176,9 @@ def main() -> None:
     p.add_argument("--admit-ms", type=float, default=0.7,
                    help="the API process's time to admit one request, one at a time (CPU-measured: ~0.7 ms), so a "
                    "round's requests reach the scheduler over several ticks; 0 sends each round at once")
+    p.add_argument("--kv-tokens", type=int, default=None,
+                   help="the server's K/V capacity in tokens (its 'ready' line's kv_capacity): a level that does not "
+                        "fit waits and retracts as served (default: room for every stream)")
     p.add_argument("--one-server", action="store_true",
                    help="run the levels in sequence on one scheduler, as side_by_side.sh's server does (each on a "
                         "fresh one otherwise)")

@@ -88,7 +88,8 @@ def test_on_one_server_a_light_level_meets_the_load_the_heavy_one_left(tiny_mode
     monkeypatch.setattr(policy, "BURST_CHUNK_TOKENS", 100)
     path = tiny_models["qwen3"]
     server = parse_args(["--model", path, "--device", "cpu", "--burst-split"]).engine
-    args = dict(seed=0, prompt_len=(100, 100), rounds=1, max_tokens=4, prefill_error=1.0, admit_ms=0.0)
+    args = dict(seed=0, prompt_len=(100, 100), rounds=1, max_tokens=4, prefill_error=1.0, admit_ms=0.0,
+                kv_tokens=None)
     fresh, shared = (list(run_levels(path, server, ONE_MS, [40, 4], Namespace(one_server=one, **args)))
                      for one in (False, True))
     assert fresh[0] == shared[0]
@@ -102,9 +103,22 @@ def test_the_simulated_scheduler_admits_in_the_servers_order(tiny_models):
     the same time."""
     path = tiny_models["qwen3"]
     args = Namespace(seed=0, prompt_len=(4, 40), rounds=1, max_tokens=1, prefill_error=1.0, admit_ms=0.0,
-                     one_server=False)
+                     one_server=False, kv_tokens=None)
     fcfs, sjf = (next(run_levels(path, parse_args(["--model", path, "--device", "cpu", "--max-num-batched-tokens",
                                                    "16", "--schedule-policy", order]).engine, ONE_MS, [6], args))
                  for order in ("fcfs", "sjf"))
     assert sjf["ttft_p50"] < fcfs["ttft_p50"]
     assert sjf["ttft_p99"] == fcfs["ttft_p99"] and sjf["tok_s"] == fcfs["tok_s"]
+
+
+def test_a_level_larger_than_the_kv_capacity_waits_for_pages(tiny_models):
+    """--kv-tokens: four streams of 100-token prompts, four tokens each, on a one-ms step. With room for all, every
+    first token comes after the first step. With 250 tokens of K/V only two requests fit (104 tokens each): the
+    other two are admitted when those finish at 4 ms, get their first tokens at 5 and their last at 8."""
+    path = tiny_models["qwen3"]
+    server = parse_args(["--model", path, "--device", "cpu"]).engine
+    rows = [next(run_levels(path, server, ONE_MS, [4], Namespace(
+        seed=0, prompt_len=(100, 100), rounds=1, max_tokens=4, prefill_error=1.0, admit_ms=0.0, one_server=False,
+        kv_tokens=kv_tokens))) for kv_tokens in (None, 250)]
+    assert [(r["ttft_p99"], r["queue_mean"]) for r in rows] == [(1.0, 0.0), (5.0, 2.0)]
+    assert [r["tok_s"] for r in rows] == [pytest.approx(1000 * 16 / 4), pytest.approx(1000 * 16 / 8)]
