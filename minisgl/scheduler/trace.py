@@ -9,10 +9,10 @@ Linux. `StepTrace` writes FILE on the scheduler's TP leader, one JSON line per t
   difference is the time it blocked on the device), `tick_s` (the tick's end); on a server, a line `{"sent": T}`
   follows when the tick had outputs: when they were handed to the detokenizer's socket; `gc_ms` and `gc_gen`:
   the time Python's cyclic garbage collector ran in the tick (a pause of the host wherever it struck) and the
-  oldest generation it collected (-1: none); `cpu_ms`: since the line before (idle ticks included), the CPU time
-  of the scheduler's thread, of its whole process, and the time that thread waited for a CPU (Linux's run queue,
-  /proc/thread-self/schedstat; 0 elsewhere): a tick slower than its work ran slowly, lent the GIL to another
-  thread, or waited for a core; `allocator` (CUDA only): what PyTorch's caching allocator did since
+  oldest generation it collected (-1: none); `cpu_ms`: since the tick before (an idle one too, which writes no
+  line), the CPU time of the scheduler's thread, of its process, and the time that thread waited for a CPU
+  (Linux's run queue, /proc/thread-self/schedstat; 0 elsewhere): a tick slower than its work ran slowly, lent the
+  GIL to another thread, or waited for a core; `allocator` (CUDA only): what PyTorch's caching allocator did since
   the last line (the first line: zeros, so the warm-up is not counted), as counts of ALLOCATOR_EVENTS (a failed
   cudaMalloc retried after freeing the cache, a sync of every stream, a device allocation, a device free: the first
   two wait for the device, and a free may too);
