@@ -45,6 +45,7 @@ PREFILL_FLOOR = 64  # prefill tokens a step may always carry beside decodes (Sch
 MIN_TIMED_DECODES = 32  # fewer decodes than this: the token budget alone bounds a step (Scheduler._prefill_room)
 CHUNK_TOKENS = 1024  # a prompt chunk beside decodes, unless they may stall or prompts pile up (_prefill_room)
 MAX_CHUNKED_DECODES = 160  # beside more decodes than this, chunks are bounded by time alone (_prefill_room)
+HEAVY_BUDGET_SHARE = 0.6  # beside that many, a step may cost this share of a whole budget's step (_heavy_ratio)
 DRAIN_MS = 300.0  # prompts waiting longer than this to drain in chunks of CHUNK_TOKENS: a backlog (_prefill_room)
 DRAIN_LEFT = 4  # a backlog ends with at most this many chunks of prompt tokens left
 STALL_TOKENS = 100  # a stream earns one stall at admission and one per this many tokens (Scheduler._spend_stall)
@@ -294,10 +295,11 @@ class Scheduler:
         """Prefill tokens the next step may carry beside `decodes`: what is left of the token budget and, while at
         least MIN_TIMED_DECODES requests decode (with --max-mixed-step-ratio K and a measured step cost model):
         chunks of CHUNK_TOKENS, or the whole budget when every one of those decodes has a stall to spend
-        (`_spend_stall`); while prompts pile up (`_backlogged`) or more than MAX_CHUNKED_DECODES decode, no more
-        than keeps the step within K times the cost of the decodes alone. At least PREFILL_FLOOR tokens, so a
-        prompt always advances. With fewer decodes (none included), a light load's burst of prompts may be cut into
-        steps of BURST_CHUNK_TOKENS instead, for its median TTFT (--burst-split; see `_light_burst`).
+        (`_spend_stall`); while prompts pile up (`_backlogged`), no more than keeps the step within K times the cost
+        of the decodes alone, and beside more than MAX_CHUNKED_DECODES decodes within `_heavy_ratio` times (K or
+        more). At least PREFILL_FLOOR tokens, so a prompt always advances. With fewer decodes (none included), a
+        light load's burst of prompts may be cut into steps of BURST_CHUNK_TOKENS instead, for its median TTFT
+        (--burst-split; see `_light_burst`).
 
         Why chunks, and stalls to spend: the inter-token percentiles count stalls, not their length. A closed loop
         of 64 streams sends each round's ~40,000 prompt tokens within a few steps' time; cut by time alone (K x
@@ -328,11 +330,29 @@ class Scheduler:
         if cost is None or not self.step_ratio:
             return room
         kv_tokens, backlog = sum(r.kv_len for r in decodes), self._prompt_backlog()
-        if self._backlogged(backlog, len(decodes), kv_tokens) or len(decodes) > MAX_CHUNKED_DECODES:
-            return max(PREFILL_FLOOR, cost.prefill_room(len(decodes), kv_tokens, self.step_ratio, room))
+        heavy = len(decodes) > MAX_CHUNKED_DECODES
+        if self._backlogged(backlog, len(decodes), kv_tokens) or heavy:
+            ratio = self._heavy_ratio(len(decodes), kv_tokens, room) if heavy else self.step_ratio
+            return max(PREFILL_FLOOR, cost.prefill_room(len(decodes), kv_tokens, ratio, room))
         if backlog > CHUNK_TOKENS and self._spend_stall(decodes):
             return room
         return min(room, CHUNK_TOKENS)
+
+    def _heavy_ratio(self, decodes: int, kv_tokens: int, room: int) -> float:
+        """The step-cost ratio beside more than MAX_CHUNKED_DECODES decodes: K, or HEAVY_BUDGET_SHARE of the step
+        that `room` prefill tokens would make (a whole budget's), as a multiple of the decode step, if that is more.
+
+        Why: at such loads prompts arrive every step, and a budget-bound scheduler's inter-token p99 is a whole
+        budget's step (vLLM's at 256 streams, H100: qwen3-8b 200 ms, qwen3-30b-a3b 130). K decode steps stay far
+        under that where a budget's step is many decode steps (qwen3-8b: ~10), and drain the prompts in small steps,
+        which costs their first tokens and throughput. qwen3-8b at 256 streams on an H100, this bound (~6 there)
+        against K = 3 alone, two servers each: TTFT p50 497-506 against 631-828 ms, p99 4.6 against 5.2-5.3 s,
+        7,475-7,488 against 7,248-7,390 tok/s, for an ITL p99 of 130-134 against 61-64 ms (vLLM 0.26.0 there:
+        916 ms, 4.2 s, 7,572 tok/s, 200 ms). Where a budget's step is a few decode steps (qwen3-0.6b,
+        qwen3-30b-a3b: 2.3-3.6 at 256 streams) K stays the bound."""
+        cost = self.engine.step_cost
+        budget_share = HEAVY_BUDGET_SHARE * cost.ms(decodes + room, kv_tokens) / cost.ms(decodes, kv_tokens)
+        return max(self.step_ratio, budget_share)
 
     def _backlogged(self, backlog: int, decodes: int, kv_tokens: int) -> bool:
         """Whether `backlog` prompt tokens would take longer than DRAIN_MS to drain in chunks of CHUNK_TOKENS beside

@@ -311,19 +311,27 @@ def test_a_backlog_is_drained_within_the_cost_ratio_then_in_chunks(tiny_models, 
     assert [r.output_ids for r in [*short, long]] == alone(path, [*short, long])
 
 
-def test_beside_more_decodes_than_chunks_serve_steps_stay_within_the_cost_ratio(tiny_models, monkeypatch):
-    """More decodes than MAX_CHUNKED_DECODES: no chunks and no stalls, each step takes all the room the ratio
-    leaves."""
+@pytest.mark.parametrize("share", [0.0, 0.6])
+def test_beside_more_decodes_than_chunks_serve_steps_stay_within_their_time_bound(tiny_models, monkeypatch, share):
+    """More decodes than MAX_CHUNKED_DECODES: no chunks and no stalls, each step takes all the room its time bound
+    leaves, which is the larger of K (1.5) decode steps and HEAVY_BUDGET_SHARE of a whole budget's step (here a
+    budget's step, 1,024 tokens, costs ~5 decode steps: a share of 0.6 allows ~3, and fewer, larger steps)."""
     monkeypatch.setattr(policy, "MAX_CHUNKED_DECODES", 2)
+    monkeypatch.setattr(policy, "HEAVY_BUDGET_SHARE", share)
     long = Req(9, prompts([900], seed=1)[0], greedy(4), seed=0)
     batches, short = beside_three_decodes(tiny_models["qwen3"], {3: [long]})
     chunks, left = chunk_steps(batches, long), 900
-    assert len(chunks) >= 3
+    assert len(chunks) >= 3 if share == 0 else 2 <= len(chunks) < 3
     for decodes, kv, prefill in chunks:
         assert decodes == 3
-        assert prefill == min(left, max(PREFILL_FLOOR, COST.prefill_room(decodes, kv, 1.5, 1024 - decodes)))
+        decode_ms = COST.ms(decodes, kv)
+        allowed = max(1.5 * decode_ms, share * COST.ms(1024, kv))
+        assert COST.ms(decodes + prefill, kv) <= allowed + 1e-9  # within the bound ...
+        assert prefill == left or COST.ms(decodes + prefill + 1, kv) > allowed  # ... and all the room it leaves
+        if share and prefill < left:
+            assert COST.ms(decodes + prefill, kv) > 2 * decode_ms  # beyond what K alone allows
         left -= prefill
-    assert [r.stalls for r in short] == [0, 0, 0]
+    assert left == 0 and [r.stalls for r in short] == [0, 0, 0]
 
 
 def test_without_decodes_the_token_budget_alone_bounds_a_step(tiny_models):
@@ -353,8 +361,9 @@ def test_beside_fewer_decodes_than_the_minimum_a_prompt_is_not_cut_by_time(tiny_
 def test_under_the_cost_ratio_admission_stays_fifo_and_every_decode_runs_each_step(tiny_models, monkeypatch):
     """Prompts of every length arriving while others decode, more than may run at once: first tokens come in
     arrival order, no running request misses a step (record_batches checks), each within its ratio or floor
-    (no chunks: MAX_CHUNKED_DECODES 0)."""
+    (no chunks: MAX_CHUNKED_DECODES 0; K alone: HEAVY_BUDGET_SHARE 0)."""
     monkeypatch.setattr(policy, "MAX_CHUNKED_DECODES", 0)
+    monkeypatch.setattr(policy, "HEAVY_BUDGET_SHARE", 0.0)
     llm = timed(make_llm(tiny_models["qwen2"], max_prefill_tokens=600, max_running_requests=3), 1.3)
     lengths = [400, 30, 300, 20, 500, 10, 90]
     reqs = [Req(i, p, greedy(6 + i % 3), seed=0) for i, p in enumerate(prompts(lengths, seed=4))]
