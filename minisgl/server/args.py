@@ -152,11 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--max-mixed-step-ratio", type=float, default=3.0,
                         help="beside 32 or more running decodes, prompts come in chunks of 1,024 tokens (the whole "
                              "budget when every decoding stream has a stall left: one at admission, one per 100 "
-                             "tokens); while the waiting prompts would take over 300 ms to drain that way, a mixed step "
-                             "instead costs at most this multiple of the decode step alone, and beside more than 160 "
-                             "decodes at most that or 60%% of a whole budget's step, whichever is more, by a model of "
-                             "the device's step time measured at start-up (CUDA); 0: only the token budget bounds "
-                             "the chunks (default: 3)")
+                             "tokens); while the waiting prompts would take over 300 ms to drain that way, a mixed "
+                             "step instead costs at most this multiple of the decode step alone, and beside more "
+                             "than 160 decodes at most that or 60%% of a whole budget's step, whichever is more, by "
+                             "a model of the device's step time measured at start-up (CUDA); 0: only the token "
+                             "budget bounds the chunks (default: 3)")
     engine.add_argument("--burst-split", action="store_true",
                         help="under a light load (fewer than 32 requests held over the last 512 steps), compute a "
                              "burst of prompts of at most two token budgets in steps of 3,072 tokens, so the first "
