@@ -321,7 +321,7 @@ def test_beside_more_decodes_than_chunks_serve_steps_stay_within_their_time_boun
     long = Req(9, prompts([900], seed=1)[0], greedy(4), seed=0)
     batches, short = beside_three_decodes(tiny_models["qwen3"], {3: [long]})
     chunks, left = chunk_steps(batches, long), 900
-    assert len(chunks) >= 3 if share == 0 else 2 <= len(chunks) < 3
+    assert len(chunks) >= 3 if share == 0 else len(chunks) == 2  # 900 tokens: ~160 a step by K, ~500 by the share
     for decodes, kv, prefill in chunks:
         assert decodes == 3
         decode_ms = COST.ms(decodes, kv)
