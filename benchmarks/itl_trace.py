@@ -21,8 +21,10 @@ A gap is long above `--threshold-ms`, by default each level's p99. Per level: ho
 over the long gaps, its share of their time, its mean over all gaps, and how many long gaps it is the cause of (the
 part that exceeds its all-gaps mean the most); how often a long gap's ticks held a step of each kind (or the gap
 before it was long too, a garbage collection ran in them, or, on CUDA, the caching allocator freed, retried or
-allocated device memory), against how often any gap's did; on CUDA the device span of the steps read in a gap's
-ticks; and the scheduler's garbage-collection time in them.
+allocated device memory, or the scheduler's thread waited over RUN_QUEUE_MS for a core), against how often any
+gap's did; on CUDA the device span of the steps read in a gap's ticks; the scheduler's garbage-collection time in
+them; and its thread's CPU time and run-queue wait in them (the trace's `cpu_ms`): a long gap whose thread waited
+for a core was a machine's stall, not the schedule's.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from online import percentile  # noqa: E402
 from ttft_trace import json_lines, match_requests, read_ticks  # noqa: E402
 
+RUN_QUEUE_MS = 1.0  # a tick whose scheduler thread waited longer than this for a core is flagged
+
 PARTS = ("loop", "build", "enqueue graph", "enqueue whole", "enqueue eager", "device decode", "device mixed",
          "commit", "report", "detok", "api", "to_client")
 
@@ -50,6 +54,8 @@ class Gap:
     prefill_tokens: int = 0  # the most any step read in its ticks carried
     device_ms: float | None = None  # the device spans of the steps read in its ticks (CUDA only)
     gc_ms: float = 0.0  # the scheduler's garbage collections in its ticks
+    thread_cpu_ms: float = 0.0  # the scheduler thread's CPU time in its ticks
+    run_queue_ms: float = 0.0  # the time that thread waited for a core in them
     previous_ms: float | None = None  # the request's gap before this one
 
 
@@ -115,6 +121,11 @@ class Trace:
                 gap.flags.add("an allocator retry, stream sync or device free")
             if allocs:
                 gap.flags.add("a device allocation")
+            thread_cpu, _, queued = tick.get("cpu_ms") or (0.0, 0.0, 0.0)  # older traces have none
+            gap.thread_cpu_ms += thread_cpu
+            gap.run_queue_ms += queued
+            if queued > RUN_QUEUE_MS:
+                gap.flags.add(f"the scheduler thread waited over {RUN_QUEUE_MS:g} ms for a core")
             if tick.get("gc_gen", -1) >= 0:  # older traces have no gc fields
                 gap.flags.add(f"a gen-{tick['gc_gen']} garbage collection")
                 gap.gc_ms += tick["gc_ms"]
@@ -187,6 +198,12 @@ def report(streams: int, gaps: list[Gap], threshold_ms: float | None) -> str:
         collected = [mean([g.gc_ms for g in group]) for group in (long, gaps)]
         lines.append(f"\nscheduler garbage collection in a gap's ticks, mean: long gaps {collected[0]:.2f} ms, "
                      f"all gaps {collected[1]:.2f} ms")
+    if any(g.thread_cpu_ms for g in gaps):
+        on_core, waiting = ([mean([getattr(g, f) for g in group] or [0.0]) for group in (long, gaps)]
+                            for f in ("thread_cpu_ms", "run_queue_ms"))
+        lines.append(f"\nthe scheduler thread in a gap's ticks, mean: on a core, long gaps {on_core[0]:.2f} ms, all "
+                     f"gaps {on_core[1]:.2f} ms; waiting for one, long gaps {waiting[0]:.2f} ms, all gaps "
+                     f"{waiting[1]:.2f} ms")
     return "\n".join(lines)
 
 

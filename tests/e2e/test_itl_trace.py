@@ -11,7 +11,7 @@ from server_fixtures import Server
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from itl_trace import Trace, gaps_of  # noqa: E402
+from itl_trace import PARTS, Trace, gaps_of  # noqa: E402
 from ttft_trace import json_lines, match_requests  # noqa: E402
 
 MAX_TOKENS = 12
@@ -45,8 +45,17 @@ def test_every_chunk_joins_the_server_trace(tmp_path, monkeypatch):
             assert trace.sent(ticks[token]) <= detok[token] <= api[token] <= arrivals[k]
         gaps = gaps_of(req, rid, trace)
         assert len(gaps) == len(arrivals) - 1
-        for gap in gaps:
+        for k, gap in enumerate(gaps, start=1):
             assert abs(sum(gap.parts.values()) - gap.ms) < 0.01
+            # The scheduler thread's CPU time fits in the scheduler's part of the gap, the time between the two
+            # ticks' sends. The counters are read at each tick's end, before its outputs are gathered and sent, so
+            # they may also hold the earlier tick's gathering. (Its run-queue wait is not held to that bound: on a
+            # loaded 2-core machine, CPU time and wait together exceeded the window by a few ms in some gaps.)
+            scheduler_ms = sum(gap.parts[part] for part in PARTS if part not in ("detok", "api", "to_client"))
+            earlier = trace.ticks[ticks[last[k - 1]]]
+            gathering_ms = 1000 * (trace.sent(ticks[last[k - 1]]) - earlier["t"] - earlier["tick_s"])
+            assert 0 < gap.thread_cpu_ms <= scheduler_ms + gathering_ms + 0.1 and gap.run_queue_ms >= 0
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks/itl_trace.py"), str(requests_path),
                           str(trace_path)], check=True, capture_output=True, text=True, timeout=60).stdout
     assert out.startswith("### 4 streams: ") and "| device decode |" in out
+    assert "the scheduler thread in a gap's ticks, mean: on a core" in out
