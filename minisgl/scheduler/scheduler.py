@@ -332,15 +332,15 @@ class Scheduler:
         kv_tokens, backlog = sum(r.kv_len for r in decodes), self._prompt_backlog()
         heavy = len(decodes) > MAX_CHUNKED_DECODES
         if self._backlogged(backlog, len(decodes), kv_tokens) or heavy:
-            ratio = self._heavy_ratio(len(decodes), kv_tokens, room) if heavy else self.step_ratio
+            ratio = self._heavy_ratio(len(decodes), kv_tokens) if heavy else self.step_ratio
             return max(PREFILL_FLOOR, cost.prefill_room(len(decodes), kv_tokens, ratio, room))
         if backlog > CHUNK_TOKENS and self._spend_stall(decodes):
             return room
         return min(room, CHUNK_TOKENS)
 
-    def _heavy_ratio(self, decodes: int, kv_tokens: int, room: int) -> float:
-        """The step-cost ratio beside more than MAX_CHUNKED_DECODES decodes: K, or HEAVY_BUDGET_SHARE of the step
-        that `room` prefill tokens would make (a whole budget's), as a multiple of the decode step, if that is more.
+    def _heavy_ratio(self, decodes: int, kv_tokens: int) -> float:
+        """The step-cost ratio beside more than MAX_CHUNKED_DECODES decodes: K, or HEAVY_BUDGET_SHARE of a whole
+        token budget's step, as a multiple of the decode step, if that is more.
 
         Why: at such loads prompts arrive every step, and a budget-bound scheduler's inter-token p99 is a whole
         budget's step (vLLM's at 256 streams, H100: qwen3-8b 200 ms, qwen3-30b-a3b 130). K decode steps stay far
@@ -351,7 +351,7 @@ class Scheduler:
         916 ms, 4.2 s, 7,572 tok/s, 200 ms). Where a budget's step is a few decode steps (qwen3-0.6b,
         qwen3-30b-a3b: 2.3-3.6 at 256 streams) K stays the bound."""
         cost = self.engine.step_cost
-        budget_share = HEAVY_BUDGET_SHARE * cost.ms(decodes + room, kv_tokens) / cost.ms(decodes, kv_tokens)
+        budget_share = HEAVY_BUDGET_SHARE * cost.ms(self.max_prefill_tokens, kv_tokens) / cost.ms(decodes, kv_tokens)
         return max(self.step_ratio, budget_share)
 
     def _backlogged(self, backlog: int, decodes: int, kv_tokens: int) -> bool:
