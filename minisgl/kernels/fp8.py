@@ -66,7 +66,7 @@ def dot_e4m3(a, b, EMULATE: tl.constexpr):
     return tl.dot(a, b)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "M_OUT"])
 def _quantize_kernel(x_ptr, q_ptr, s_ptr, M, M_OUT, K, stride_xm, ROWS: tl.constexpr, GROUP: tl.constexpr,
                      SILU_MUL: tl.constexpr, EMULATE: tl.constexpr):
     """One group of ROWS rows of x (SILU_MUL: of silu(gate) * up, x being [gate | up] with K columns each):

@@ -207,7 +207,7 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int, pairs_per_program: 
     return sorted_ids, block_expert, num_padded
 
 
-@triton.jit(do_not_specialize=["num_pairs", "blocks_m"])
+@triton.jit(do_not_specialize=["num_pairs", "blocks_m", "stride_sag"])
 def _expert_gemm_kernel(a_ptr, b_ptr, c_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, weights_ptr,
                         num_pairs, rows_per_token, N, K, blocks_m,
                         stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
