@@ -45,16 +45,17 @@ def spread_routers(model) -> int:
     import torch
 
     count = 0
-    for name, module in model.named_modules():
-        if not name.endswith("mlp.gate"):
-            continue
-        weight = module.weight
-        scales = [getattr(module, s) for s in ("weight_scale_inv", "weight_scale") if hasattr(module, s)]
-        values = torch.randn(weight.shape, device=weight.device).clamp(-4, 4)
-        weight.copy_((values if scales else values * 0.02).to(weight.dtype))
-        for scale in scales:
-            scale.fill_(0.02)
-        count += 1
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if not name.endswith("mlp.gate"):
+                continue
+            weight = module.weight
+            scales = [getattr(module, s) for s in ("weight_scale_inv", "weight_scale") if hasattr(module, s)]
+            values = torch.randn(weight.shape, device=weight.device).clamp(-4, 4)
+            weight.copy_((values if scales else values * 0.02).to(weight.dtype))
+            for scale in scales:
+                scale.fill_(0.02)
+            count += 1
     return count
 
 
