@@ -13,6 +13,8 @@
 # server, each with prompts of its own, and a row of their medians; default 1); SPEC_TIMEOUT bounds each spec (300 s).
 # Last, benchmarks/ab_table.py's table of all the servers so far in $OUT: for an A/B, list the specs alternated
 # (A B A B) and read it server by server.
+# vllm:MODEL of an FP8 MoE config serves vLLM's dummy routers, which send most tokens to a few experts (see
+# benchmarks/vllm_offline.py, which spreads them offline): its figures are not a trained model's.
 # TRACE=1 adds, for each minisgl spec, the TTFT stage table of benchmarks/ttft_trace.py and the long inter-token
 # gaps' table of benchmarks/itl_trace.py (the server's trace and the client's timestamps, kept in the logs).
 set -uo pipefail
