@@ -66,6 +66,8 @@ def dot_e4m3(a, b, EMULATE: tl.constexpr):
     return tl.dot(a, b)
 
 
+# M and M_OUT follow the step's token count: specialized (divisible by 16 or not), an odd count would compile a
+# variant in the middle of serving (tests/gpu/test_fp8_kernels_full_size.py)
 @triton.jit(do_not_specialize=["M", "M_OUT"])
 def _quantize_kernel(x_ptr, q_ptr, s_ptr, M, M_OUT, K, stride_xm, ROWS: tl.constexpr, GROUP: tl.constexpr,
                      SILU_MUL: tl.constexpr, EMULATE: tl.constexpr):

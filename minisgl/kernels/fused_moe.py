@@ -207,6 +207,8 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int, pairs_per_program: 
     return sorted_ids, block_expert, num_padded
 
 
+# Arguments that follow the step's token count are not specialized: a new value class would compile a variant in the
+# middle of serving (tests/gpu/test_fp8_kernels_full_size.py)
 @triton.jit(do_not_specialize=["num_pairs", "blocks_m", "stride_sag"])
 def _expert_gemm_kernel(a_ptr, b_ptr, c_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, weights_ptr,
                         num_pairs, rows_per_token, N, K, blocks_m,
