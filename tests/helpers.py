@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 # The same suite runs on a GPU with MINISGL_TEST_DEVICE=cuda (CI runs it on the CPU). On the CPU, Triton
 # kernels run in Triton's interpreter; it must be chosen before any kernel module is imported.
@@ -17,6 +19,21 @@ import torch
 from minisgl import LLM
 
 ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe"]
+
+
+@contextmanager
+def triton_compiles() -> Iterator[list[str]]:
+    """The names of the Triton kernels compiled inside the block, in order (GPU only: the interpreter compiles
+    nothing). The process's compile hook is put back after."""
+    from triton import knobs
+
+    compiled: list[str] = []
+    before = knobs.runtime.jit_post_compile_hook
+    knobs.runtime.jit_post_compile_hook = lambda *, fn, **_: compiled.append(fn.name)
+    try:
+        yield compiled
+    finally:
+        knobs.runtime.jit_post_compile_hook = before
 
 
 def splits(text: str) -> list[list[str]]:

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from helpers import triton_compiles
 from kernels.test_fp8_kernels import (
     BLOCK128,
     GPU_SHAPES,
@@ -155,22 +156,19 @@ def test_fp8_fused_experts_compile_once_for_every_token_count():
     arguments that follow the token count (the quantized rows, the activation scales' stride) must not be
     specialized: an odd count of a large W1 step compiled both again, ~3 s of qwen3-30b-a3b FP8's first W1 on an
     H100."""
-    from triton import knobs
-
     cuda = torch.device("cuda", torch.cuda.current_device())
     gen = torch.Generator(device=cuda).manual_seed(0)
     w13, s13 = quantize_weight(torch.randn(128, 1536, 2048, generator=gen, device=cuda) / 2048**0.5, BLOCK128)
     w2, s2 = quantize_weight(torch.randn(128, 2048, 768, generator=gen, device=cuda) / 768**0.5, BLOCK128)
-    compiled: list[str] = []
-    before = knobs.runtime.jit_post_compile_hook
-    try:
-        for i, tokens in enumerate((1536, 1537, 2051, 4096, 3001)):
-            if i == 1:
-                knobs.runtime.jit_post_compile_hook = lambda *, fn, **_: compiled.append(fn.name)
-            x = torch.randn(tokens, 2048, generator=gen, device=cuda).bfloat16()
-            weights, ids = route(torch.randn(tokens, 128, generator=gen, device=cuda), 8, True)
-            fused_experts(x, w13, w2, weights, ids.to(torch.int32), scales=(s13, s2), fp8=BLOCK128)
-    finally:
-        knobs.runtime.jit_post_compile_hook = before
-    torch.cuda.synchronize()
+
+    def experts(tokens: int) -> None:
+        x = torch.randn(tokens, 2048, generator=gen, device=cuda).bfloat16()
+        weights, ids = route(torch.randn(tokens, 128, generator=gen, device=cuda), 8, True)
+        fused_experts(x, w13, w2, weights, ids.to(torch.int32), scales=(s13, s2), fp8=BLOCK128)
+
+    experts(1536)
+    with triton_compiles() as compiled:
+        for tokens in (1537, 2051, 4096, 3001):
+            experts(tokens)
+        torch.cuda.synchronize()
     assert compiled == []

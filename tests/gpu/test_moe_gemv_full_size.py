@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import triton_compiles
 from kernels.test_fp8_kernels import BLOCK128, TOL, check_experts
 from kernels.test_moe_gemv import TOL as BF16_TOL
 
@@ -68,18 +69,11 @@ def test_moe_gemv_replays_in_a_cuda_graph(fp8):
 
 def test_moe_gemv_compiles_once_for_every_token_count():
     """No argument changes with the token count (it is the grid's): after T = 1, the others compile nothing."""
-    from triton import knobs
-
     cases = [make_case(tokens, 768, BLOCK128, seed=tokens) for tokens in (1, 2, 3, 4, 5, 8)]
     x, w13, w2, weights, ids, scales = cases[0]
     moe_gemv(x, w13, w2, weights, ids, scales=scales, fp8=BLOCK128)
-    compiled: list[str] = []
-    before = knobs.runtime.jit_post_compile_hook
-    knobs.runtime.jit_post_compile_hook = lambda *, fn, **_: compiled.append(fn.name)
-    try:
+    with triton_compiles() as compiled:
         for x, w13, w2, weights, ids, scales in cases[1:]:
             moe_gemv(x, w13, w2, weights, ids, scales=scales, fp8=BLOCK128)
         torch.cuda.synchronize()
-    finally:
-        knobs.runtime.jit_post_compile_hook = before
     assert compiled == []
