@@ -38,7 +38,7 @@ class EngineArgs:
     # the token budget alone. Off here (offline throughput); the server turns it on
     max_mixed_step_ratio: float = 0.0
     # under a light load, compute a burst of prompts in steps of BURST_CHUNK_TOKENS for its median TTFT (see
-    # Scheduler._light_burst): --burst-split, off by default
+    # Scheduler._light_burst): the server's --burst-split, on by default there
     burst_split: bool = False
     # the order waiting prompts are admitted in: fcfs (arrival) or sjf (shortest prompt first, aged; see
     # Scheduler._order_waiting). Arrival order offline; the server's --schedule-policy defaults to sjf

@@ -157,11 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "than 160 decodes at most that or 60%% of a whole budget's step, whichever is more, by "
                              "a model of the device's step time measured at start-up (CUDA); 0: only the token "
                              "budget bounds the chunks (default: 3)")
-    engine.add_argument("--burst-split", action="store_true",
+    engine.add_argument("--burst-split", action=argparse.BooleanOptionalAction, default=True,
                         help="under a light load (fewer than 32 requests held over the last 512 steps), compute a "
-                             "burst of prompts of at most two token budgets in steps of 3,072 tokens, so the first "
-                             "of them get their first tokens sooner: a burst's median TTFT for a few more stalls of "
-                             "the running streams (off by default)")
+                             "burst of prompts of at most two token budgets that would take over 50 ms whole (by "
+                             "the step cost model, CUDA) in steps of 3,072 tokens, so the first of them get their "
+                             "first tokens sooner: a burst's median TTFT for a few more stalls of the running "
+                             "streams (default: on; the offline LLM keeps it off)")
     engine.add_argument("--schedule-policy", "--scheduling-policy", choices=["fcfs", "sjf"], default="sjf",
                         help="the order waiting prompts are admitted in: sjf, shortest prompt first, except that one "
                              "waiting 16 steps keeps its place (default: a loaded server's median TTFT, for a few "

@@ -1,8 +1,8 @@
 """Burst splitting (--burst-split, Scheduler._light_burst): under a light load (fewer than MIN_TIMED_DECODES
-requests held at each of the last LIGHT_LOAD_STEPS steps), a burst of at most two token budgets of prompts is
-computed in steps of BURST_CHUNK_TOKENS, so its first prompts get their first token before its last is computed;
-a larger burst, or one soon after a heavier load, takes the whole budget. Off (the default), a burst takes the
-whole budget.
+requests held at each of the last LIGHT_LOAD_STEPS steps), a burst of at most two token budgets of prompts that
+would take longer than BURST_MIN_MS whole (by the step cost model) is computed in steps of BURST_CHUNK_TOKENS, so
+its first prompts get their first token before its last is computed; a larger burst, a quicker one, or one soon
+after a heavier load, takes the whole budget. Off (the offline LLM's default), a burst takes the whole budget.
 
 Each step's batch is read where the scheduler hands it to the (real) engine.
 """
@@ -15,10 +15,12 @@ from helpers import make_llm
 from engine.test_mixed_schedule import drive, greedy, prompts, record_batches
 from minisgl import LLM
 from minisgl.core import Batch, Req
+from minisgl.engine.step_cost import StepCost
 from minisgl.scheduler import scheduler as policy
 
 BUDGET = 1024
 CHUNK = 256  # BURST_CHUNK_TOKENS here, a quarter of the budget as on a server (3,072 of 8,192 there)
+TOKEN_MS = StepCost((1, 8192), (1.0, 8192.0), 0.0)  # 1 ms a token: any part of the bursts below is over BURST_MIN_MS
 
 
 @pytest.fixture(autouse=True)
@@ -26,9 +28,11 @@ def small_chunks(monkeypatch):
     monkeypatch.setattr(policy, "BURST_CHUNK_TOKENS", CHUNK)
 
 
-def burst_engine(path: str, on: bool = True) -> LLM:
+def burst_engine(path: str, on: bool = True, cost: StepCost | None = TOKEN_MS) -> LLM:
+    """An engine whose scheduler cuts bursts (`on`) and models a step's device time by `cost` (the CPU measures
+    none)."""
     llm = make_llm(path, max_prefill_tokens=BUDGET, max_running_requests=64)
-    llm.scheduler.burst_split = on
+    llm.scheduler.burst_split, llm.engine.step_cost = on, cost
     return llm
 
 
@@ -38,9 +42,10 @@ def prefill_steps(batches: list[Batch], reqs: list[Req]) -> list[int]:
     return [n for n in steps if n]
 
 
-def run(path: str, burst: list[Req], on: bool = True, first: list[Req] = (), arrive_at: int = 0) -> list[Batch]:
+def run(path: str, burst: list[Req], on: bool = True, first: list[Req] = (), arrive_at: int = 0,
+        cost: StepCost | None = TOKEN_MS) -> list[Batch]:
     """The batches of a run: `first` from the start, then `burst` before tick `arrive_at`."""
-    llm = burst_engine(path, on)
+    llm = burst_engine(path, on, cost)
     try:
         batches = record_batches(llm)
         if arrive_at:
@@ -72,6 +77,14 @@ def test_a_light_burst_is_computed_in_chunks_its_first_prompts_first_and_with_th
 def test_without_burst_split_a_burst_takes_the_whole_budget(tiny_models):
     burst = burst_of([100] * 12)
     assert prefill_steps(run(tiny_models["qwen3"], burst, on=False), burst) == [BUDGET, 1200 - BUDGET]
+
+
+@pytest.mark.parametrize("cost", [StepCost((1, 8192), (0.04, 327.68), 0.0), None], ids=["48_ms_whole", "no_model"])
+def test_a_burst_quick_to_compute_whole_takes_the_whole_budget(tiny_models, cost):
+    """At 0.04 ms a token the 1,200-token burst takes 48 ms whole, within BURST_MIN_MS: cutting it would stall the
+    running streams for little. Without a step cost model nothing says how long it takes: not cut either."""
+    burst = burst_of([100] * 12)
+    assert prefill_steps(run(tiny_models["qwen3"], burst, cost=cost), burst) == [BUDGET, 1200 - BUDGET]
 
 
 def test_a_burst_of_more_than_two_budgets_takes_the_whole_budget_until_two_are_left(tiny_models):

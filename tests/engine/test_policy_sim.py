@@ -86,6 +86,7 @@ def test_on_one_server_a_light_level_meets_the_load_the_heavy_one_left(tiny_mode
     them) the four prompts go in one step, so the median first token comes sooner. The forty-stream level is the
     same either way: it starts each run."""
     monkeypatch.setattr(policy, "BURST_CHUNK_TOKENS", 100)
+    monkeypatch.setattr(policy, "BURST_MIN_MS", 0.5)  # a step is 1 ms here
     path = tiny_models["qwen3"]
     server = parse_args(["--model", path, "--device", "cpu", "--burst-split"]).engine
     args = dict(seed=0, prompt_len=(100, 100), rounds=1, max_tokens=4, prefill_error=1.0, admit_ms=0.0,

@@ -43,10 +43,11 @@ def test_prefill_room_grows_with_what_the_decodes_already_cost_and_stops_at_the_
     assert COST.prefill_room(16, 10**7, 3.0, 8192) == 8192
 
 
-def test_bursts_are_cut_only_when_asked(tiny_models):
+def test_a_server_cuts_bursts_unless_told_not_to_and_the_offline_llm_does_not(tiny_models):
     base = ["--model", tiny_models["qwen3"], "--device", "cpu"]
-    assert not parse_args(base).engine.burst_split
+    assert parse_args(base).engine.burst_split
     assert parse_args(base + ["--burst-split"]).engine.burst_split
+    assert not parse_args(base + ["--no-burst-split"]).engine.burst_split
     assert not EngineArgs(tiny_models["qwen3"]).burst_split
 
 
