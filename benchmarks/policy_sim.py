@@ -3,7 +3,7 @@ percentiles at 16-256 streams, in seconds and without a GPU.
 
     python benchmarks/policy_sim.py --cost benchmarks/step_costs/qwen3-0.6b-h100.txt --levels 16,64,256 \
         [--server-args "--max-mixed-step-ratio 4 --max-num-batched-tokens 4096"] [--prefill-error 1.1] \
-        [--kv-tokens N] [--one-server]
+        [--kv-tokens N] [--one-server] [--repeats 3]
 
 Why: the tails depend on how a wave of prompts is cut into steps beside the running decodes, and a GPU A/B of
 one level costs minutes of a scarce machine while its runs vary by 10-20%. Here the real Scheduler decides
@@ -52,7 +52,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from online import percentile  # noqa: E402
+from online import median_row, percentile  # noqa: E402
 
 from minisgl import LLM, SamplingParams  # noqa: E402
 from minisgl.core import Batch, Req  # noqa: E402
@@ -140,7 +140,7 @@ def simulate(llm: LLM, cost: StepCost, streams: int, a: argparse.Namespace) -> d
     total, itl_p50 = sum(len(times) for times in tokens_at.values()), percentile(itl, 50)
     return {"streams": streams, "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
             "itl_p50": itl_p50, "itl_p99": percentile(itl, 99),
-            "long_share": sum(g > 2 * itl_p50 for g in itl) / max(len(itl), 1), "tok_s": 1000 * total / clock,
+            "long_pct": 100 * sum(g > 2 * itl_p50 for g in itl) / max(len(itl), 1), "tok_s": 1000 * total / clock,
             "queue_mean": sum(queue) / len(queue), "prefill_mean": (sum(ttft) - sum(queue)) / len(ttft)}
 
 
@@ -159,6 +159,22 @@ def run_levels(path: str, server: EngineArgs, cost: StepCost, levels: list[int],
             llm.scheduler.shortest_first = server.schedule_policy == "sjf"
             for streams in group:
                 yield simulate(llm, cost, streams, a)
+
+
+def repeated_rows(path: str, server: EngineArgs, cost: StepCost, levels: list[int],
+                  a: argparse.Namespace) -> Iterator[dict]:
+    """The levels' rows `a.repeats` times over (seeds a.seed, a.seed + 1, ...), in that order; with more than one
+    run, each row says its run ("repeat") and each level's median row follows the last run."""
+    if a.repeats <= 1:
+        yield from run_levels(path, server, cost, levels, a)
+        return
+    runs: dict[int, list[dict]] = {streams: [] for streams in levels}
+    for k in range(a.repeats):
+        for row in run_levels(path, server, cost, levels, argparse.Namespace(**{**vars(a), "seed": a.seed + k})):
+            runs[row["streams"]].append(row)
+            yield {**row, "repeat": k}
+    for streams in levels:
+        yield median_row(runs[streams])
 
 
 def main() -> None:
@@ -182,6 +198,10 @@ def main() -> None:
     p.add_argument("--one-server", action="store_true",
                    help="run the levels in sequence on one scheduler, as side_by_side.sh's server does (each on a "
                         "fresh one otherwise)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of each level, with seeds --seed, --seed + 1, ... (prompts of their own), then a row of "
+                        "their medians, as online.py's --repeats: one draw of prompts can sit on either side of a "
+                        "p99's cliff (at 1%% of the gaps stalled)")
     a = p.parse_args()
     a.prompt_len = tuple(int(x) for x in a.prompt_len.split(","))
     levels = [int(x) for x in a.levels.split(",")]
@@ -191,9 +211,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = make_tiny_model(Path(tmp) / "tiny", "qwen3")
         server = parse_args(["--model", str(path), "--device", "cpu", *a.server_args.split()]).engine
-        for r in run_levels(str(path), server, cost, levels, a):
-            lines.append(f"| {r['streams']} | {r['ttft_p50']:.1f} / {r['ttft_p99']:.1f} | {r['itl_p50']:.2f} / "
-                         f"{r['itl_p99']:.2f} | {100 * r['long_share']:.1f}% | {r['tok_s']:,.0f} | "
+        for r in repeated_rows(str(path), server, cost, levels, a):
+            run = f" ({r['repeat']})" if "repeat" in r else ""
+            lines.append(f"| {r['streams']}{run} | {r['ttft_p50']:.1f} / {r['ttft_p99']:.1f} | {r['itl_p50']:.2f} / "
+                         f"{r['itl_p99']:.2f} | {r['long_pct']:.1f}% | {r['tok_s']:,.0f} | "
                          f"{r['queue_mean']:.1f} / {r['prefill_mean']:.1f} |")
             print(lines[-1], flush=True)
     print("\n".join(lines))

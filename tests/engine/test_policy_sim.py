@@ -16,7 +16,7 @@ from minisgl.server.args import parse_args
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
-from policy_sim import read_cost, run_levels, simulate  # noqa: E402
+from policy_sim import read_cost, repeated_rows, run_levels, simulate  # noqa: E402
 
 ONE_MS = StepCost((1, 8192), (1.0, 1.0), 0.0)
 
@@ -123,3 +123,22 @@ def test_a_level_larger_than_the_kv_capacity_waits_for_pages(tiny_models):
         kv_tokens=kv_tokens))) for kv_tokens in (None, 250)]
     assert [(r["ttft_p99"], r["queue_mean"]) for r in rows] == [(1.0, 0.0), (5.0, 2.0)]
     assert [r["tok_s"] for r in rows] == [pytest.approx(1000 * 16 / 4), pytest.approx(1000 * 16 / 8)]
+
+
+def test_repeats_run_each_level_with_its_own_seed_then_a_median_row(tiny_models):
+    """--repeats 3 on two levels: each run's rows are the levels' rows of a single run with seed 5, 6 and 7 (prompts
+    of their own), in run order; then one row per level whose figures are the median run's."""
+    path = tiny_models["qwen3"]
+    server = parse_args(["--model", path, "--device", "cpu", "--max-num-batched-tokens", "16"]).engine
+    args = dict(prompt_len=(4, 40), rounds=2, max_tokens=3, prefill_error=1.0, admit_ms=0.0, kv_tokens=None,
+                one_server=False)
+    rows = list(repeated_rows(path, server, ONE_MS, [2, 3], Namespace(seed=5, repeats=3, **args)))
+    singles = [list(run_levels(path, server, ONE_MS, [2, 3], Namespace(seed=seed, **args))) for seed in (5, 6, 7)]
+    assert [(r["streams"], r["repeat"]) for r in rows] == [
+        (2, 0), (3, 0), (2, 1), (3, 1), (2, 2), (3, 2), (2, "median"), (3, "median")]
+    assert rows[:6] == [{**row, "repeat": k} for k, single in enumerate(singles) for row in single]
+    assert len({single[0]["ttft_p50"] for single in singles}) > 1  # the seeds drew different prompts
+    for level, median in enumerate(rows[6:]):
+        ttfts = sorted(single[level]["ttft_p99"] for single in singles)
+        assert median["ttft_p99"] == round(ttfts[1], 2)
+
