@@ -141,4 +141,3 @@ def test_repeats_run_each_level_with_its_own_seed_then_a_median_row(tiny_models)
     for level, median in enumerate(rows[6:]):
         ttfts = sorted(single[level]["ttft_p99"] for single in singles)
         assert median["ttft_p99"] == round(ttfts[1], 2)
-
